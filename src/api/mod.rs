@@ -1,0 +1,39 @@
+//! The HTTP surface: routes and thin handlers. Handlers extract, call one
+//! domain function, and return; they never touch the cache or Redis directly.
+
+mod chat;
+mod health;
+mod proxy;
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    extract::{DefaultBodyLimit, rejection::BytesRejection},
+    routing::{any, get, post},
+};
+use bytes::Bytes;
+
+use crate::{error::GatewayError, state::AppState};
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let body_limit = state.config.limits.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(chat::completions))
+        .route("/v1/embeddings", post(chat::embeddings))
+        .route("/v1/{*rest}", any(proxy::passthrough))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .fallback(proxy::unknown_path)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// The body, or the OpenAI-style error for a body that is too large or unreadable.
+fn read_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, GatewayError> {
+    body.map_err(|rejection| match GatewayError::from(rejection) {
+        GatewayError::BodyTooLarge { .. } => GatewayError::BodyTooLarge { limit },
+        other => other,
+    })
+}

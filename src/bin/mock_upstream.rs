@@ -1,0 +1,108 @@
+//! `mock-upstream`: the shipped fake OpenAI provider, for integration tests, demos and load tests.
+//!
+//! It serves [`corral::mock::MockProvider`] on a fixed address so that a gateway can be pointed
+//! at it without an API key or a bill. Answers are deterministic per request, every billable
+//! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
+//! script, truncate) steer it while it runs. This file only wires: arguments, logging, bind,
+//! one ready line on stdout, serve until ctrl-c or SIGTERM.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use clap::Parser;
+use corral::mock::{FailureMode, MockProvider, MockSettings};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// A fake OpenAI-compatible provider for tests, demos and load tests.
+#[derive(Debug, Parser)]
+#[command(name = "mock-upstream", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free port (printed on the ready line).
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    listen: SocketAddr,
+    /// Delay added to every billable call, e.g. `250ms`.
+    #[arg(long, default_value = "0ms")]
+    latency: humantime::Duration,
+    /// Pause between two SSE events of a streamed answer.
+    #[arg(long, default_value = "20ms")]
+    stream_chunk_delay: humantime::Duration,
+    /// Make calls fail with this HTTP status.
+    #[arg(long)]
+    fail_status: Option<u16>,
+    /// Share of calls that fail when `--fail-status` is set, between 0 and 1.
+    #[arg(long, default_value_t = 1.0, requires = "fail_status")]
+    fail_fraction: f64,
+    /// `Retry-After` sent with failures, e.g. `2s`.
+    #[arg(long, requires = "fail_status")]
+    retry_after: Option<humantime::Duration>,
+    /// `error.code` sent with failures, e.g. `insufficient_quota`.
+    #[arg(long, requires = "fail_status")]
+    fail_code: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Logs go to stderr: stdout carries only the ready line that scripts wait for.
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+
+    if !(0.0..=1.0).contains(&args.fail_fraction) {
+        anyhow::bail!("--fail-fraction must be between 0 and 1");
+    }
+    let settings = MockSettings {
+        latency: args.latency.into(),
+        stream_chunk_delay: args.stream_chunk_delay.into(),
+        failure: args.fail_status.map(|status| FailureMode {
+            status,
+            fraction: args.fail_fraction,
+            retry_after: args.retry_after.map(Into::into),
+            code: args.fail_code.clone(),
+        }),
+    };
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "mock-upstream listening on http://{addr}/v1")?;
+    stdout.flush()?;
+    drop(stdout);
+
+    MockProvider::serve(listener, settings, shutdown_signal()).await?;
+    tracing::info!("mock-upstream stopped");
+    Ok(())
+}
+
+/// Resolves on ctrl-c, or on SIGTERM where there is one (what `kill` and container runtimes send).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

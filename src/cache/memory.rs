@@ -1,0 +1,78 @@
+//! The in-process store: a moka cache bounded by entries or bytes. Entries are
+//! evicted at their hard expiry; freshness itself is judged by `Freshness`
+//! against the gateway's clock.
+
+use std::{sync::Arc, time::Duration, time::Instant};
+
+use async_trait::async_trait;
+use moka::{Expiry, future::Cache};
+
+use super::{CacheStore, Entry};
+use crate::fingerprint::Fingerprint;
+
+/// Bytes counted per entry beyond its body: headers, timeline, map overhead.
+const ENTRY_OVERHEAD_BYTES: u64 = 256;
+
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    cache: Cache<Fingerprint, Arc<Entry>>,
+}
+
+/// Evicts an entry once its hard TTL has passed.
+struct HardExpiry;
+
+impl Expiry<Fingerprint, Arc<Entry>> for HardExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &Fingerprint,
+        entry: &Arc<Entry>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(Duration::from_millis(
+            entry.hard_expires_at_ms.saturating_sub(entry.stored_at_ms),
+        ))
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &Fingerprint,
+        entry: &Arc<Entry>,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, entry, updated_at)
+    }
+}
+
+impl MemoryStore {
+    /// Bounded by `max_bytes` (body sizes) when given, else by `max_entries`.
+    pub fn new(max_entries: Option<u64>, max_bytes: Option<u64>) -> Self {
+        let builder = Cache::builder().expire_after(HardExpiry);
+        let cache = match max_bytes {
+            Some(max_bytes) => builder
+                .weigher(|_key, entry: &Arc<Entry>| {
+                    let weight = entry.response.body.len() as u64 + ENTRY_OVERHEAD_BYTES;
+                    u32::try_from(weight).unwrap_or(u32::MAX)
+                })
+                .max_capacity(max_bytes)
+                .build(),
+            None => builder.max_capacity(max_entries.unwrap_or(10_000)).build(),
+        };
+        Self { cache }
+    }
+}
+
+#[async_trait]
+impl CacheStore for MemoryStore {
+    async fn get(&self, fingerprint: &Fingerprint) -> Option<Arc<Entry>> {
+        self.cache.get(fingerprint).await
+    }
+
+    async fn put(&self, fingerprint: Fingerprint, entry: Arc<Entry>) {
+        self.cache.insert(fingerprint, entry).await;
+    }
+
+    fn entry_count(&self) -> Option<u64> {
+        Some(self.cache.entry_count())
+    }
+}

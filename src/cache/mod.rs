@@ -1,0 +1,55 @@
+//! The response cache: what an [`Entry`] holds, and the [`CacheStore`] trait the
+//! in-memory store (and the Redis store beside it) implement.
+
+mod freshness;
+mod memory;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use bytes::Bytes;
+
+pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
+pub use memory::MemoryStore;
+
+use crate::fingerprint::Fingerprint;
+
+/// A complete upstream response, shared by every caller it answers: the body is
+/// reference-counted bytes, never copied per caller.
+#[derive(Debug, Clone)]
+pub struct StoredResponse {
+    pub status: StatusCode,
+    /// Only allowlisted upstream headers (content type and the like).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Bytes,
+}
+
+/// A stored response with its timeline, in the clock's milliseconds.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub response: Arc<StoredResponse>,
+    pub stored_at_ms: u64,
+    /// Fresh until here.
+    pub soft_expires_at_ms: u64,
+    /// Stale but servable until here; a miss after.
+    pub hard_expires_at_ms: u64,
+    /// How long the upstream took to compute it (XFetch's delta).
+    pub compute_time: Duration,
+}
+
+impl Entry {
+    pub fn age(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms))
+    }
+}
+
+/// Where entries live. Implementations must be cheap to call concurrently and
+/// must never block the runtime.
+#[async_trait]
+pub trait CacheStore: Send + Sync + std::fmt::Debug {
+    async fn get(&self, fingerprint: &Fingerprint) -> Option<Arc<Entry>>;
+    async fn put(&self, fingerprint: Fingerprint, entry: Arc<Entry>);
+    /// Number of entries, where the store knows it cheaply.
+    fn entry_count(&self) -> Option<u64>;
+}

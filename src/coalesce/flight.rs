@@ -1,0 +1,304 @@
+//! In-process singleflight: at most one [`Flight`] per fingerprint, the
+//! [`FlightGuard`] held by its owner, and a [`WaiterTicket`] per caller.
+//!
+//! "The flight always ends" is a property of the types: the guard's `Drop`
+//! removes the flight from the map on every exit path (success, error, panic,
+//! cancellation), and a guard dropped without a result closes the channel, which
+//! tells the waiters the flight was abandoned so they elect a new owner.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::sync::{Notify, watch};
+
+use super::Fetched;
+use crate::{error::GatewayError, fingerprint::Fingerprint};
+
+/// What a flight ends with, shared by every waiter: both sides are `Arc`s, so
+/// relaying it to a thousand callers copies no body.
+pub type Outcome = Result<Fetched, Arc<GatewayError>>;
+
+#[derive(Debug)]
+struct Flight {
+    result: watch::Receiver<Option<Outcome>>,
+    waiters: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    map: Mutex<HashMap<Fingerprint, Arc<Flight>>>,
+    /// Callers waiting on any flight, observable (gauges, tests awaiting a herd).
+    waiters: watch::Sender<usize>,
+    /// Signalled whenever the last flight ends.
+    idle: Notify,
+}
+
+impl Shared {
+    fn map(&self) -> MutexGuard<'_, HashMap<Fingerprint, Arc<Flight>>> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (every critical section is a single insert, get or remove).
+        self.map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The table of flights in this process.
+#[derive(Debug, Clone, Default)]
+pub struct Flights {
+    shared: Arc<Shared>,
+}
+
+/// How a caller takes part in the flight for its fingerprint.
+pub enum Role {
+    /// Started the flight: must run it (or drop the guard, abandoning it).
+    Owner(FlightGuard, WaiterTicket),
+    /// Joined a running flight.
+    Follower(WaiterTicket),
+}
+
+impl Flights {
+    /// Joins the flight for `fingerprint`, starting it if there is none.
+    pub fn join(&self, fingerprint: Fingerprint, max_waiters: usize) -> Result<Role, GatewayError> {
+        let mut map = self.shared.map();
+        if let Some(flight) = map.get(&fingerprint) {
+            if flight.waiters.load(Ordering::Acquire) >= max_waiters {
+                return Err(GatewayError::TooManyWaiters {
+                    retry_after: Duration::from_secs(1),
+                });
+            }
+            let ticket = WaiterTicket::new(&self.shared, flight.clone());
+            return Ok(Role::Follower(ticket));
+        }
+        let (guard, flight) = self.start_locked(&mut map, fingerprint);
+        drop(map);
+        let ticket = WaiterTicket::new(&self.shared, flight);
+        Ok(Role::Owner(guard, ticket))
+    }
+
+    /// Starts a flight nobody waits on (a background refresh), unless one runs already.
+    pub fn start_unattended(&self, fingerprint: Fingerprint) -> Option<FlightGuard> {
+        let mut map = self.shared.map();
+        if map.contains_key(&fingerprint) {
+            return None;
+        }
+        Some(self.start_locked(&mut map, fingerprint).0)
+    }
+
+    fn start_locked(
+        &self,
+        map: &mut HashMap<Fingerprint, Arc<Flight>>,
+        fingerprint: Fingerprint,
+    ) -> (FlightGuard, Arc<Flight>) {
+        let (sender, result) = watch::channel(None);
+        let flight = Arc::new(Flight {
+            result,
+            waiters: AtomicUsize::new(0),
+        });
+        map.insert(fingerprint, flight.clone());
+        let guard = FlightGuard {
+            shared: self.shared.clone(),
+            fingerprint,
+            flight: flight.clone(),
+            sender,
+        };
+        (guard, flight)
+    }
+
+    /// Flights running now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.map().len()
+    }
+
+    /// Callers waiting on any flight now.
+    pub fn waiters(&self) -> watch::Receiver<usize> {
+        self.shared.waiters.subscribe()
+    }
+
+    /// Resolves once no flight is running.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.shared.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Held by whoever runs a flight. Completing it publishes the outcome; dropping
+/// it, completed or not, removes the flight.
+#[derive(Debug)]
+pub struct FlightGuard {
+    shared: Arc<Shared>,
+    fingerprint: Fingerprint,
+    flight: Arc<Flight>,
+    sender: watch::Sender<Option<Outcome>>,
+}
+
+impl FlightGuard {
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// Hands the outcome to every waiter, then ends the flight. Callers must
+    /// have written the cache first, so that whoever arrives after the flight
+    /// is gone finds the entry.
+    pub fn complete(self, outcome: Outcome) {
+        self.sender.send_replace(Some(outcome));
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut map = self.shared.map();
+        // Remove only our own flight: a new one may already stand under the key
+        // if waiters of an abandoned flight elected a new owner.
+        if map
+            .get(&self.fingerprint)
+            .is_some_and(|flight| Arc::ptr_eq(flight, &self.flight))
+        {
+            map.remove(&self.fingerprint);
+        }
+        let now_idle = map.is_empty();
+        drop(map);
+        if now_idle {
+            self.shared.idle.notify_waiters();
+        }
+        // The sender drops after this: if no outcome was sent, waiters see the
+        // channel close and compete to own a new flight.
+    }
+}
+
+/// One caller's place in a flight; counted while it exists.
+#[derive(Debug)]
+pub struct WaiterTicket {
+    shared: Arc<Shared>,
+    flight: Arc<Flight>,
+}
+
+/// How a wait ended.
+pub enum Waited {
+    Done(Outcome),
+    /// The owner went away without an outcome.
+    Abandoned,
+    TimedOut,
+}
+
+impl WaiterTicket {
+    fn new(shared: &Arc<Shared>, flight: Arc<Flight>) -> Self {
+        flight.waiters.fetch_add(1, Ordering::AcqRel);
+        shared.waiters.send_modify(|n| *n += 1);
+        Self {
+            shared: shared.clone(),
+            flight,
+        }
+    }
+
+    /// Waits for the outcome, at most until `deadline`.
+    pub async fn wait(&self, deadline: tokio::time::Instant) -> Waited {
+        let mut result = self.flight.result.clone();
+        let waited = tokio::time::timeout_at(deadline, result.wait_for(Option::is_some)).await;
+        match waited {
+            Err(_) => Waited::TimedOut,
+            Ok(Err(_closed)) => Waited::Abandoned,
+            Ok(Ok(outcome)) => match outcome.as_ref() {
+                Some(outcome) => Waited::Done(outcome.clone()),
+                None => Waited::Abandoned,
+            },
+        }
+    }
+}
+
+impl Drop for WaiterTicket {
+    fn drop(&mut self) {
+        self.flight.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.shared
+            .waiters
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
+
+    fn fingerprint(n: u8) -> Fingerprint {
+        Fingerprint::of(&KeyInput {
+            endpoint: Endpoint::ChatCompletions,
+            upstream: "u",
+            scope: &TenantScope::global(),
+            headers: &[],
+            query: &[],
+            body: &[n],
+        })
+    }
+
+    fn far() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(60)
+    }
+
+    #[tokio::test]
+    async fn first_caller_owns_the_rest_follow_and_the_flight_ends() {
+        let flights = Flights::default();
+        let Role::Owner(guard, _owner) = flights.join(fingerprint(1), 10).unwrap() else {
+            panic!("first caller must own");
+        };
+        let Role::Follower(follower) = flights.join(fingerprint(1), 10).unwrap() else {
+            panic!("second caller must follow");
+        };
+        assert_eq!(*flights.waiters().borrow(), 2);
+        guard.complete(Err(Arc::new(GatewayError::WaitTimedOut)));
+        assert_eq!(flights.in_flight(), 0);
+        assert!(matches!(follower.wait(far()).await, Waited::Done(Err(_))));
+        // The next caller starts afresh.
+        assert!(matches!(
+            flights.join(fingerprint(1), 10).unwrap(),
+            Role::Owner(..)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_guard_abandons_the_flight() {
+        let flights = Flights::default();
+        let Role::Owner(guard, _owner) = flights.join(fingerprint(2), 10).unwrap() else {
+            panic!("first caller must own");
+        };
+        let Role::Follower(follower) = flights.join(fingerprint(2), 10).unwrap() else {
+            panic!("second caller must follow");
+        };
+        drop(guard);
+        assert!(matches!(follower.wait(far()).await, Waited::Abandoned));
+        assert_eq!(flights.in_flight(), 0);
+        flights.idle().await;
+    }
+
+    #[tokio::test]
+    async fn waiters_beyond_the_cap_are_refused() {
+        let flights = Flights::default();
+        let _owner = flights.join(fingerprint(3), 2).unwrap();
+        let _second = flights.join(fingerprint(3), 2).unwrap();
+        assert!(matches!(
+            flights.join(fingerprint(3), 2),
+            Err(GatewayError::TooManyWaiters { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_are_bounded() {
+        let flights = Flights::default();
+        let Role::Owner(_guard, ticket) = flights.join(fingerprint(4), 10).unwrap() else {
+            panic!("first caller must own");
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert!(matches!(ticket.wait(deadline).await, Waited::TimedOut));
+    }
+}

@@ -1,0 +1,509 @@
+//! Configuration: YAML, then `CORRAL_*` environment overrides, then path-precise
+//! deserialization errors, then `validate()`.
+//!
+//! The environment is passed in as a list of pairs rather than read from the
+//! process, so tests never touch (or race on) the process environment.
+
+use std::{collections::BTreeMap, fmt, net::SocketAddr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use serde_yaml_ng::{Mapping, Value};
+
+/// The configuration the binary falls back to when no config file exists: the
+/// commented example shipped at the repository root.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../config.yaml");
+
+/// Prefix of every environment override.
+const ENV_PREFIX: &str = "CORRAL_";
+
+/// Short aliases for the settings people change most, mapped onto config paths.
+const ENV_ALIASES: &[(&str, &str)] = &[
+    ("CORRAL_UPSTREAM_BASE_URL", "upstreams.0.base_url"),
+    ("CORRAL_UPSTREAM_API_KEY_ENV", "upstreams.0.api_key_env"),
+    ("CORRAL_REDIS_URL", "redis.url"),
+];
+
+/// Holds the provider key given directly in the environment (instead of naming
+/// another variable through `api_key_env`).
+const ENV_UPSTREAM_API_KEY: &str = "CORRAL_UPSTREAM_API_KEY";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config is not valid YAML: {0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+    #[error("config key `{path}`: {message}")]
+    Key { path: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+impl ConfigError {
+    fn key(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Key {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A value that must never be printed: `Debug` and `Display` redact it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret<T>(T);
+
+impl<T> Secret<T> {
+    pub fn new(value: T) -> Self {
+        Self(value)
+    }
+    /// The only way to read the secret; grep for it when auditing.
+    pub fn expose(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> fmt::Debug for Secret<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstreams: Vec<UpstreamConfig>,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub coalesce: CoalesceConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub base_url: String,
+    /// Name of the environment variable holding the provider key. Absent: the
+    /// caller's own `Authorization` header is forwarded.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Glob patterns over the request's `model`; the first upstream that matches wins.
+    #[serde(default = "default_models")]
+    pub models: Vec<String>,
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Bound on one attempt, from sending the request to the last body byte.
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Resolved at load time from `api_key_env` (or `CORRAL_UPSTREAM_API_KEY`).
+    #[serde(skip)]
+    pub api_key: Option<Secret<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    /// Entries are scoped to a hash of the caller's bearer token.
+    Tenant,
+    /// Every caller shares every entry (one trusted application behind corral).
+    Global,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    #[serde(with = "humantime_serde")]
+    pub soft_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub hard_ttl: Duration,
+    /// Each TTL is stretched by a random factor in `[1, 1 + ttl_jitter]` so keys
+    /// written together do not expire together.
+    pub ttl_jitter: f64,
+    pub max_entries: Option<u64>,
+    pub max_bytes: Option<u64>,
+    /// Whether responses to sampled requests (temperature > 0 or absent, no seed)
+    /// are stored. Concurrent identical requests are coalesced either way.
+    pub sampled: bool,
+    pub scope: CacheScope,
+    /// Opt-in normalization level: fold message text to lower case before hashing.
+    pub case_fold: bool,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            soft_ttl: Duration::from_secs(300),
+            hard_ttl: Duration::from_secs(3600),
+            ttl_jitter: 0.1,
+            max_entries: Some(10_000),
+            max_bytes: None,
+            sampled: false,
+            scope: CacheScope::Tenant,
+            case_fold: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoalesceConfig {
+    /// Callers allowed to wait on one flight; beyond it they get 503 + Retry-After.
+    pub max_waiters: usize,
+    /// How long a follower waits for the owner's result before giving up (504).
+    #[serde(with = "humantime_serde")]
+    pub wait_timeout: Duration,
+}
+
+impl Default for CoalesceConfig {
+    fn default() -> Self {
+        Self {
+            max_waiters: 10_000,
+            wait_timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: usize,
+    #[serde(with = "humantime_serde")]
+    pub base_delay: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// Bound on all attempts and the waits between them together.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(250),
+            max_delay: Duration::from_secs(8),
+            deadline: Duration::from_secs(150),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest upstream response body read into memory (502 beyond).
+    pub max_response_bytes: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            max_response_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+}
+
+fn default_models() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+impl Config {
+    /// Parses YAML, applies `CORRAL_*` overrides from `env`, resolves provider
+    /// keys from `env`, and validates.
+    pub fn load<'a>(
+        yaml: &str,
+        env: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, ConfigError> {
+        let env: BTreeMap<&str, &str> = env.into_iter().collect();
+        let mut tree: Value = serde_yaml_ng::from_str(yaml)?;
+        if tree.is_null() {
+            tree = Value::Mapping(Mapping::new());
+        }
+        apply_env_overrides(&mut tree, &env)?;
+        let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|err| {
+            let path = err.path().to_string();
+            ConfigError::key(path, err.into_inner().to_string())
+        })?;
+        config.resolve_keys(&env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads the process environment; only the binary calls this.
+    pub fn load_from_process_env(yaml: &str) -> Result<Self, ConfigError> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Self::load(yaml, vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// A small, fast configuration pointing at one upstream, for tests.
+    pub fn for_tests(upstream_base_url: &str) -> Self {
+        let mut config = Self::load(
+            "listen: 127.0.0.1:0\nupstreams: [{name: mock, base_url: http://127.0.0.1:1/v1}]",
+            [],
+        )
+        .expect("the test config is valid");
+        config.upstreams[0].base_url = upstream_base_url.trim_end_matches('/').to_owned();
+        config.cache.ttl_jitter = 0.0;
+        config.retry.base_delay = Duration::from_millis(10);
+        config.retry.max_delay = Duration::from_millis(100);
+        config.retry.deadline = Duration::from_secs(20);
+        config.coalesce.wait_timeout = Duration::from_secs(30);
+        config.upstreams[0].request_timeout = Duration::from_secs(30);
+        config
+    }
+
+    fn resolve_keys(&mut self, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
+        for (index, upstream) in self.upstreams.iter_mut().enumerate() {
+            if let Some(var) = &upstream.api_key_env {
+                let value = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!(
+                        "not set, but upstreams[{index}].api_key_env names it ({})",
+                        upstream.name
+                    ),
+                })?;
+                upstream.api_key = Some(Secret::new((*value).to_owned()));
+            }
+        }
+        if let (Some(key), Some(first)) =
+            (env.get(ENV_UPSTREAM_API_KEY), self.upstreams.first_mut())
+        {
+            first.api_key = Some(Secret::new((*key).to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Checks what types alone cannot; every message names its key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.upstreams.is_empty() {
+            return Err(ConfigError::key(
+                "upstreams",
+                "at least one upstream is required",
+            ));
+        }
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            let url = reqwest::Url::parse(&upstream.base_url).map_err(|err| {
+                ConfigError::key(format!("upstreams[{i}].base_url"), err.to_string())
+            })?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].base_url"),
+                    "must be an http or https URL",
+                ));
+            }
+            if upstream.models.is_empty() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].models"),
+                    "needs at least one pattern (\"*\" matches every model)",
+                ));
+            }
+            for (j, pattern) in upstream.models.iter().enumerate() {
+                glob::Pattern::new(pattern).map_err(|err| {
+                    ConfigError::key(format!("upstreams[{i}].models[{j}]"), err.to_string())
+                })?;
+            }
+        }
+        let cache = &self.cache;
+        if cache.soft_ttl.is_zero() || cache.soft_ttl > cache.hard_ttl {
+            return Err(ConfigError::key(
+                "cache.soft_ttl",
+                "must be above zero and at most cache.hard_ttl",
+            ));
+        }
+        if !(0.0..1.0).contains(&cache.ttl_jitter) {
+            return Err(ConfigError::key("cache.ttl_jitter", "must be in [0, 1)"));
+        }
+        if cache.max_entries == Some(0) || cache.max_bytes == Some(0) {
+            return Err(ConfigError::key("cache.max_entries", "must be above zero"));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(ConfigError::key("retry.max_attempts", "must be at least 1"));
+        }
+        if self.retry.base_delay > self.retry.max_delay {
+            return Err(ConfigError::key(
+                "retry.base_delay",
+                "must be at most retry.max_delay",
+            ));
+        }
+        if self.coalesce.max_waiters == 0 {
+            return Err(ConfigError::key(
+                "coalesce.max_waiters",
+                "must be at least 1",
+            ));
+        }
+        if self.coalesce.wait_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "coalesce.wait_timeout",
+                "must be above zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Applies `CORRAL_A__B__0__C=value` as `a.b[0].c = value` (value read as a YAML
+/// scalar, so numbers and booleans keep their type), plus the short aliases.
+fn apply_env_overrides(tree: &mut Value, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
+    for (var, value) in env {
+        let path = match ENV_ALIASES.iter().find(|(alias, _)| alias == var) {
+            Some((_, path)) => path.split('.').map(str::to_owned).collect::<Vec<_>>(),
+            None => {
+                let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                    continue;
+                };
+                if *var == ENV_UPSTREAM_API_KEY || rest.is_empty() {
+                    continue;
+                }
+                rest.split("__").map(str::to_ascii_lowercase).collect()
+            }
+        };
+        let parsed: Value =
+            serde_yaml_ng::from_str(value).unwrap_or(Value::String((*value).into()));
+        set_path(tree, &path, parsed).map_err(|message| ConfigError::Env {
+            var: (*var).to_owned(),
+            message,
+        })?;
+    }
+    Ok(())
+}
+
+fn set_path(tree: &mut Value, path: &[String], value: Value) -> Result<(), String> {
+    let Some((head, rest)) = path.split_first() else {
+        *tree = value;
+        return Ok(());
+    };
+    match tree {
+        Value::Sequence(items) => {
+            let index: usize = head
+                .parse()
+                .map_err(|_| format!("`{head}` must be a list index"))?;
+            let item = items
+                .get_mut(index)
+                .ok_or_else(|| format!("list index {index} does not exist"))?;
+            set_path(item, rest, value)
+        }
+        Value::Mapping(map) => {
+            let key = Value::String(head.clone());
+            let child = map.entry(key).or_insert(Value::Null);
+            if child.is_null() && !rest.is_empty() {
+                *child = Value::Mapping(Mapping::new());
+            }
+            set_path(child, rest, value)
+        }
+        Value::Null => {
+            *tree = Value::Mapping(Mapping::new());
+            set_path(tree, path, value)
+        }
+        _ => Err(format!(
+            "`{head}` is under a value that is not a map or list"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str =
+        "listen: 127.0.0.1:8080\nupstreams:\n  - name: a\n    base_url: http://127.0.0.1:9/v1\n";
+
+    #[test]
+    fn the_shipped_config_loads() {
+        let config = Config::load(EMBEDDED_DEFAULT, []).unwrap();
+        assert!(!config.upstreams.is_empty());
+        assert!(
+            !config.cache.sampled,
+            "the shipped default must not cache sampled answers"
+        );
+    }
+
+    #[test]
+    fn env_overrides_listen_upstream_and_nested_keys() {
+        let config = Config::load(
+            BASE,
+            [
+                ("CORRAL_LISTEN", "0.0.0.0:9999"),
+                ("CORRAL_UPSTREAM_BASE_URL", "http://127.0.0.1:7/v1"),
+                ("CORRAL_UPSTREAM_API_KEY", "sk-test"),
+                ("CORRAL_CACHE__SOFT_TTL", "10s"),
+                ("CORRAL_CACHE__SAMPLED", "true"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.listen.port(), 9999);
+        assert_eq!(config.upstreams[0].base_url, "http://127.0.0.1:7/v1");
+        assert_eq!(
+            config.upstreams[0].api_key.as_ref().unwrap().expose(),
+            "sk-test"
+        );
+        assert_eq!(config.cache.soft_ttl, Duration::from_secs(10));
+        assert!(config.cache.sampled);
+    }
+
+    #[test]
+    fn api_key_env_is_resolved_and_required() {
+        let yaml = format!("{BASE}    api_key_env: MY_KEY\n");
+        let config = Config::load(&yaml, [("MY_KEY", "sk-1")]).unwrap();
+        assert_eq!(
+            config.upstreams[0].api_key.as_ref().unwrap().expose(),
+            "sk-1"
+        );
+        let err = Config::load(&yaml, []).unwrap_err().to_string();
+        assert!(err.contains("MY_KEY"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = Config::load(&format!("{BASE}cache:\n  soft_ttl: soon\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cache.soft_ttl"), "{err}");
+        let err = Config::load(&format!("{BASE}retry:\n  max_attempts: 0\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("retry.max_attempts"), "{err}");
+        let err = Config::load(&format!("{BASE}cache:\n  typo: 1\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("typo"), "{err}");
+        let err = Config::load(BASE, [("CORRAL_CACHE__HARD_TTL", "1s")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cache.soft_ttl"), "{err}");
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let secret = Secret::new("sk-live-123".to_owned());
+        assert!(!format!("{secret:?}").contains("sk-live"));
+    }
+}

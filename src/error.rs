@@ -1,0 +1,223 @@
+//! `GatewayError`: every way a request can fail, and its one mapping to an
+//! OpenAI-style HTTP response, so SDKs raise the exception they would raise
+//! against the provider itself.
+
+use std::time::Duration;
+
+use axum::{
+    extract::rejection::BytesRejection,
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("no upstream is configured for model `{model}`")]
+    NoRoute { model: String },
+    #[error("unknown path {path}")]
+    UnknownPath { path: String },
+    #[error("too many callers are waiting for this request; retry in {}s", .retry_after.as_secs().max(1))]
+    TooManyWaiters { retry_after: Duration },
+    #[error("timed out waiting for an identical in-flight request")]
+    WaitTimedOut,
+    #[error("upstream {upstream} is unreachable: {reason}")]
+    UpstreamUnreachable { upstream: String, reason: String },
+    #[error("upstream {upstream} did not answer in time")]
+    UpstreamTimeout { upstream: String },
+    #[error("upstream {upstream} sent an invalid response: {reason}")]
+    UpstreamInvalid { upstream: String, reason: String },
+    /// The provider's own error, relayed with its status and body.
+    #[error("upstream answered {status}")]
+    Upstream {
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        retry_after: Option<HeaderValue>,
+        body: Bytes,
+    },
+    /// Detail goes to the logs, never to the client.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl GatewayError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    /// Status, OpenAI error `type` and `code`. No `_` arm: a new variant must
+    /// choose its status here.
+    fn status_type_code(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+        match self {
+            Self::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            Self::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("request_too_large"),
+            ),
+            Self::NoRoute { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
+            Self::UnknownPath { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("unknown_url"),
+            ),
+            Self::TooManyWaiters { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("too_many_waiters"),
+            ),
+            Self::WaitTimedOut => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout_error",
+                Some("coalesce_wait_timeout"),
+            ),
+            Self::UpstreamUnreachable { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("upstream_unreachable"),
+            ),
+            Self::UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout_error",
+                Some("upstream_timeout"),
+            ),
+            Self::UpstreamInvalid { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                Some("upstream_invalid_response"),
+            ),
+            Self::Upstream { status, .. } => (*status, "upstream_error", None),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status_type_code().0
+    }
+
+    /// Builds the response without consuming the error: one failed flight is
+    /// relayed to every caller that waited on it.
+    pub fn to_response(&self) -> Response {
+        let (status, kind, code) = self.status_type_code();
+        if status.is_server_error() {
+            tracing::warn!(error = %self, source = ?std::error::Error::source(self), "request failed");
+        }
+        let mut headers = HeaderMap::new();
+        let body = match self {
+            Self::Upstream {
+                content_type,
+                retry_after,
+                body,
+                ..
+            } => {
+                if let Some(value) = retry_after {
+                    headers.insert(header::RETRY_AFTER, value.clone());
+                }
+                if let Some(value) = content_type {
+                    headers.insert(header::CONTENT_TYPE, value.clone());
+                }
+                body.clone()
+            }
+            _ => {
+                if let Self::TooManyWaiters { retry_after } = self {
+                    headers.insert(
+                        header::RETRY_AFTER,
+                        HeaderValue::from(retry_after.as_secs().max(1)),
+                    );
+                }
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                let param = match self {
+                    Self::InvalidRequest { param, .. } => *param,
+                    _ => None,
+                };
+                Bytes::from(
+                    json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
+                        .to_string(),
+                )
+            }
+        };
+        (status, headers, body).into_response()
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        self.to_response()
+    }
+}
+
+impl From<BytesRejection> for GatewayError {
+    fn from(rejection: BytesRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            // The limit itself is reported by the handler, which knows it.
+            Self::BodyTooLarge { limit: 0 }
+        } else {
+            Self::invalid(format!("could not read the request body: {rejection}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(response: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn gateway_errors_have_the_openai_shape() {
+        let response =
+            GatewayError::invalid_param("model", "you must provide a model").to_response();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = body_json(response).await;
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "model");
+        assert_eq!(body["error"]["message"], "you must provide a model");
+    }
+
+    #[tokio::test]
+    async fn too_many_waiters_carries_retry_after() {
+        let response = GatewayError::TooManyWaiters {
+            retry_after: Duration::from_secs(2),
+        }
+        .to_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[tokio::test]
+    async fn internal_detail_stays_out_of_the_body() {
+        let response = GatewayError::Internal(anyhow::anyhow!("secret detail")).to_response();
+        let body = body_json(response).await;
+        assert_eq!(body["error"]["message"], "internal error");
+    }
+}

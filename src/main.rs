@@ -1,0 +1,57 @@
+//! The `corral` binary: CLI -> config -> tracing -> AppState -> serve.
+
+use std::{path::PathBuf, sync::Arc};
+
+use anyhow::Context;
+use clap::Parser;
+use corral::{AppState, Config, config::EMBEDDED_DEFAULT};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "An OpenAI-compatible gateway that turns N identical LLM requests into one upstream call"
+)]
+struct Cli {
+    /// YAML config file; when it does not exist, the embedded defaults are used.
+    #[arg(long, default_value = "config.yaml")]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let yaml = match std::fs::read_to_string(&cli.config) {
+        Ok(yaml) => yaml,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => EMBEDDED_DEFAULT.to_owned(),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", cli.config.display())),
+    };
+    let config = Config::load_from_process_env(&yaml)
+        .with_context(|| format!("invalid configuration in {}", cli.config.display()))?;
+    corral::telemetry::init(config.log.format);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let address = listener.local_addr()?;
+    let state = Arc::new(AppState::build(config)?);
+    tracing::info!(%address, "corral listening");
+    println!("corral listening on http://{address}");
+    corral::serve(listener, state, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

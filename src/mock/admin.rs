@@ -1,0 +1,192 @@
+//! The `/__mock/*` control routes: the [`MockProvider`](super::MockProvider) knobs over HTTP, for
+//! the `mock-upstream` binary, where demos and load-test scripts have no Rust handle.
+//!
+//! Admin calls are never counted, recorded or held. Bodies are strict JSON (unknown fields are
+//! rejected) so that a typo in a script fails loudly instead of silently doing nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::http::openai_error;
+use super::{FailureMode, Scripted, Shared};
+
+/// How long `GET /__mock/calls?wait_for=N` waits when no `timeout_ms` is given.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+pub(super) fn router() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/__mock/calls", get(calls))
+        .route("/__mock/reset", post(reset))
+        .route("/__mock/hold", post(hold))
+        .route("/__mock/release", post(release))
+        .route("/__mock/failure", post(failure))
+        .route("/__mock/latency", post(latency))
+        .route("/__mock/script", post(script))
+        .route("/__mock/truncate", post(truncate))
+}
+
+#[derive(Debug, Deserialize)]
+struct CallsQuery {
+    wait_for: Option<u64>,
+    timeout_ms: Option<u64>,
+}
+
+/// `GET /__mock/calls[?wait_for=N&timeout_ms=M]`: the counters, after waiting (woken by
+/// arrivals, not polling) until at least N calls arrived or M ms passed. `reached` tells which.
+async fn calls(State(shared): State<Arc<Shared>>, Query(query): Query<CallsQuery>) -> Response {
+    let reached = match query.wait_for {
+        Some(n) => {
+            let timeout = query.timeout_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+            shared.wait_for_calls(n, timeout).await
+        }
+        None => true,
+    };
+    let by_path: BTreeMap<String, u64> = shared.by_path();
+    Json(json!({"calls": shared.calls(), "by_path": by_path, "reached": reached})).into_response()
+}
+
+async fn reset(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.reset();
+    StatusCode::NO_CONTENT
+}
+
+async fn hold(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.set_hold(true);
+    StatusCode::NO_CONTENT
+}
+
+async fn release(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.set_hold(false);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureBody {
+    status: u16,
+    /// Defaults to 1.0, every call.
+    fraction: Option<f64>,
+    retry_after_ms: Option<u64>,
+    code: Option<String>,
+}
+
+/// `POST /__mock/failure` with `{status, fraction?, retry_after_ms?, code?}`, or `null` (or an
+/// empty body) to stop failing.
+async fn failure(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match parse::<Option<FailureBody>>(&body) {
+            Ok(body) => body,
+            Err(response) => return response,
+        }
+    };
+    let failure = match body {
+        None => None,
+        Some(body) => {
+            let fraction = body.fraction.unwrap_or(1.0);
+            if StatusCode::from_u16(body.status).is_err() {
+                return bad_request("'status' must be an HTTP status code.");
+            }
+            if !(0.0..=1.0).contains(&fraction) {
+                return bad_request("'fraction' must be between 0 and 1.");
+            }
+            Some(FailureMode {
+                status: body.status,
+                fraction,
+                retry_after: body.retry_after_ms.map(Duration::from_millis),
+                code: body.code,
+            })
+        }
+    };
+    shared.set_failure(failure);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LatencyBody {
+    ms: u64,
+}
+
+/// `POST /__mock/latency` with `{ms}`.
+async fn latency(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match parse::<LatencyBody>(&body) {
+        Ok(body) => {
+            shared.set_latency(Duration::from_millis(body.ms));
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptBody {
+    status: u16,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// A string is sent as is; any other JSON value is sent serialized.
+    body: Value,
+}
+
+/// `POST /__mock/script` with `{status, headers?: {name: value}, body}`: queue a canned response.
+async fn script(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match parse::<ScriptBody>(&body) {
+        Ok(script) => {
+            let body = match script.body {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+            shared.push_script(Scripted {
+                status: script.status,
+                headers: script.headers.into_iter().collect(),
+                body,
+            });
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TruncateBody {
+    on: bool,
+}
+
+/// `POST /__mock/truncate` with `{on}`: cut SSE streams after their first content chunk.
+async fn truncate(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    match parse::<TruncateBody>(&body) {
+        Ok(body) => {
+            shared.set_truncate_streams(body.on);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|error| bad_request(&format!("Invalid body: {error}.")))
+}
+
+fn bad_request(message: &str) -> Response {
+    openai_error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        message,
+        None,
+    )
+}

@@ -1,0 +1,307 @@
+//! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
+//! script or failure or answer), the headers every response carries, and SSE delivery with its
+//! delays and deliberate truncation.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use serde_json::json;
+
+use super::admin;
+use super::openai::{self, Answer, InvalidRequest, SseEvents};
+use super::{FailureMode, RecordedRequest, Scripted, Shared};
+
+/// Largest request body read; generous because load tests send long prompts.
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The full router of a mock provider.
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .merge(admin::router())
+        .fallback(not_found)
+        .layer(middleware::from_fn(provider_headers))
+        .with_state(shared)
+}
+
+/// Which billable endpoint a call hit.
+#[derive(Debug, Clone, Copy)]
+enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+/// The call number of a billable response, for the headers added by [`provider_headers`].
+#[derive(Debug, Clone, Copy)]
+struct CallNumber(u64);
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::ChatCompletions, request).await
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::Completions, request).await
+}
+
+async fn embeddings(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::Embeddings, request).await
+}
+
+async fn models() -> Response {
+    Json(openai::models()).into_response()
+}
+
+async fn not_found(request: Request) -> Response {
+    openai_error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        &format!(
+            "Unknown request URL: {} {}.",
+            request.method(),
+            request.uri().path()
+        ),
+        None,
+    )
+}
+
+/// The life of a billable call.
+///
+/// It is counted and recorded first, so that a test waiting for the call sees it even while it
+/// is held. A script wins over failure injection, which wins over the computed answer; failure is
+/// rolled after the hold, so a test can hold calls, switch failure on and release them into it.
+async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, MAX_BODY_BYTES).await;
+    let recorded = RecordedRequest {
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone),
+        at: Instant::now(),
+    };
+    let arrival = shared.arrive(recorded);
+    tracing::debug!(call = arrival.call, ?endpoint, "mock provider call");
+
+    if let Some(generation) = arrival.held_in {
+        shared.wait_out_hold(generation).await;
+    }
+    let latency = shared.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+
+    let mut response = if let Some(script) = arrival.script {
+        scripted_response(script)
+    } else if let Some(failure) = shared.failure().filter(rolls_failure) {
+        failure_response(&failure)
+    } else {
+        match body {
+            Err(error) => openai_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                &format!("Could not read the request body: {error}."),
+                None,
+            ),
+            Ok(body) => {
+                let answer = match endpoint {
+                    Endpoint::ChatCompletions => openai::chat_completions(&body, arrival.call),
+                    Endpoint::Completions => openai::completions(&body, arrival.call),
+                    Endpoint::Embeddings => openai::embeddings(&body),
+                };
+                match answer {
+                    Ok(Answer::Json(value)) => Json(value).into_response(),
+                    Ok(Answer::Stream(events)) => sse_response(
+                        events,
+                        shared.settings.stream_chunk_delay,
+                        shared.truncate_streams(),
+                    ),
+                    Err(InvalidRequest(message)) => openai_error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        &message,
+                        None,
+                    ),
+                }
+            }
+        }
+    };
+    response.extensions_mut().insert(CallNumber(arrival.call));
+    response
+}
+
+/// Whether this call is one of the `fraction` that fail.
+fn rolls_failure(failure: &FailureMode) -> bool {
+    // `random_bool` would panic outside [0, 1]; comparing handles any fraction, NaN included.
+    rand::random::<f64>() < failure.fraction
+}
+
+/// Stream `events`, pausing `delay` between two of them; when `truncate` is on, stop after the
+/// first content event by failing the body, which makes hyper drop the connection mid-stream.
+fn sse_response(events: SseEvents, delay: Duration, truncate: bool) -> Response {
+    let SseEvents {
+        mut events,
+        first_content,
+    } = events;
+    if truncate {
+        events.truncate(first_content + 1);
+    }
+    let frames = futures::stream::iter(events.into_iter().enumerate()).then(
+        move |(index, event)| async move {
+            if index > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Ok::<_, io::Error>(event)
+        },
+    );
+    let cut = futures::stream::iter(truncate.then_some(())).then(|()| async {
+        // Returning Pending once lets hyper flush what was written before the connection is
+        // dropped; without it, the last content event could be lost with the socket.
+        tokio::task::yield_now().await;
+        Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "mock provider truncated the stream",
+        ))
+    });
+    let mut response = Response::new(Body::from_stream(frames.chain(cut)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A canned response, byte for byte; headers that cannot be sent are logged and skipped.
+fn scripted_response(script: Scripted) -> Response {
+    let mut response = Response::new(Body::from(script.body));
+    *response.status_mut() = status_or_500(script.status);
+    let headers = response.headers_mut();
+    for (name, value) in &script.headers {
+        match (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            _ => tracing::warn!(
+                name,
+                value,
+                "mock provider: skipping invalid scripted header"
+            ),
+        }
+    }
+    if !headers.contains_key(CONTENT_TYPE) {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    response
+}
+
+/// An injected failure, shaped like OpenAI's own errors.
+fn failure_response(failure: &FailureMode) -> Response {
+    let status = status_or_500(failure.status);
+    let kind = match (status.as_u16(), failure.code.as_deref()) {
+        (429, Some("insufficient_quota")) => "insufficient_quota",
+        (429, _) => "rate_limit_error",
+        (401, _) => "authentication_error",
+        (403, _) => "permission_error",
+        (404, _) => "not_found_error",
+        (400..=499, _) => "invalid_request_error",
+        (500..=599, _) => "server_error",
+        _ => "api_error",
+    };
+    let mut response = openai_error(
+        status,
+        kind,
+        &format!("The mock provider injected a failure ({status})."),
+        failure.code.as_deref(),
+    );
+    if let Some(retry_after) = failure.retry_after {
+        let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let millis = retry_after.as_nanos().div_ceil(1_000_000);
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        if let Ok(millis) = HeaderValue::try_from(millis.to_string()) {
+            headers.insert(HeaderName::from_static("retry-after-ms"), millis);
+        }
+    }
+    response
+}
+
+fn status_or_500(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or_else(|_| {
+        tracing::warn!(status, "mock provider: invalid status, answering 500");
+        StatusCode::INTERNAL_SERVER_ERROR
+    })
+}
+
+/// An error body in OpenAI's shape.
+pub(super) fn openai_error(
+    status: StatusCode,
+    kind: &str,
+    message: &str,
+    code: Option<&str>,
+) -> Response {
+    let body = json!({
+        "error": {"message": message, "type": kind, "param": null, "code": code},
+    });
+    (status, Json(body)).into_response()
+}
+
+/// Add the headers a real provider sends on every response.
+///
+/// `set-cookie` and `x-ratelimit-remaining-requests` are per caller, so a gateway that shares one
+/// response among many callers must strip them; the mock sends them so tests can check it does.
+/// Billable responses are numbered by their call; others carry 0. Headers a script already set
+/// are left alone.
+async fn provider_headers(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let mut response = next.run(request).await;
+    let call = response
+        .extensions()
+        .get::<CallNumber>()
+        .map_or(0, |call| call.0);
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let headers = response.headers_mut();
+    set_default(headers, "x-request-id", format!("req_mock_{call}"));
+    set_default(headers, "openai-processing-ms", elapsed_ms.to_string());
+    set_default(headers, "x-ratelimit-remaining-requests", "999".to_owned());
+    if !headers.contains_key(SET_COOKIE) {
+        if let Ok(value) = HeaderValue::try_from(format!("mock_session={call}")) {
+            headers.insert(SET_COOKIE, value);
+        }
+    }
+    response
+}
+
+fn set_default(headers: &mut HeaderMap, name: &'static str, value: String) {
+    let name = HeaderName::from_static(name);
+    if !headers.contains_key(&name) {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(name, value);
+        }
+    }
+}

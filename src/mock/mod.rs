@@ -1,0 +1,473 @@
+//! The mock OpenAI-compatible provider: a real HTTP server that stands in for OpenAI in the
+//! integration tests, the demos and the load tests.
+//!
+//! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/embeddings`, `/v1/models`), answered deterministically from the request body so that
+//! identical requests get identical content and different requests differ ([`openai`]). The
+//! ledger of billable calls: every call is counted and recorded on arrival, before anything can
+//! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
+//! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
+//! turns to provoke the gateway: hold every call until released, inject failures, answer from a
+//! FIFO of scripted responses, add latency, cut streams short. The same knobs are exposed over
+//! HTTP under `/__mock/*` for the `mock-upstream` binary ([`http`]).
+//!
+//! It deliberately does not model tokenizers, tool calls, rate limits or authentication: the
+//! gateway forwards those untouched, so the mock only has to make them observable.
+
+mod admin;
+mod http;
+mod openai;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// How long `serve` keeps waiting for open connections after its shutdown signal fired.
+///
+/// Graceful shutdown waits for every in-flight response, and a client that keeps reading a slow
+/// stream would otherwise keep a stopped mock alive; a test that dropped its provider wants the
+/// port gone, not a best effort.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Startup configuration of a mock provider; [`MockProvider::reset`] returns to it.
+#[derive(Debug, Clone, Default)]
+pub struct MockSettings {
+    /// Added to every billable call after any hold and before the answer, failures included.
+    pub latency: Duration,
+    /// Pause between two SSE events of a streamed answer; zero sends the stream in one go.
+    pub stream_chunk_delay: Duration,
+    /// Failure injection active from the start, as if [`MockProvider::set_failure`] were called.
+    pub failure: Option<FailureMode>,
+}
+
+/// Make a share of the billable calls fail with an OpenAI-shaped error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailureMode {
+    /// HTTP status of the failed call; an invalid status is answered as 500.
+    pub status: u16,
+    /// Probability in `[0, 1]` that a given call fails; 1.0 makes every call fail, 0.0 none.
+    pub fraction: f64,
+    /// Sent as `Retry-After` (whole seconds, rounded up) and `retry-after-ms`.
+    pub retry_after: Option<Duration>,
+    /// Sent as `error.code`, e.g. `"insufficient_quota"`.
+    pub code: Option<String>,
+}
+
+impl FailureMode {
+    /// Every call fails with `status`, without `Retry-After` or code.
+    pub fn always(status: u16) -> Self {
+        Self {
+            status,
+            fraction: 1.0,
+            retry_after: None,
+            code: None,
+        }
+    }
+
+    /// The same failure, announcing when the client may retry.
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// The same failure, with `error.code` set.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+}
+
+/// One canned response, sent verbatim instead of the computed answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scripted {
+    /// HTTP status; an invalid status is answered as 500.
+    pub status: u16,
+    /// Extra headers; `content-type` defaults to `application/json` unless given here.
+    pub headers: Vec<(String, String)>,
+    /// The body, byte for byte (an SSE body with an event-stream content type works too).
+    pub body: String,
+}
+
+impl Scripted {
+    /// A JSON response with the given status and body.
+    pub fn json(status: u16, body: impl Into<String>) -> Self {
+        Self {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+}
+
+/// A billable request exactly as it reached the mock.
+#[derive(Debug, Clone)]
+pub struct RecordedRequest {
+    /// Request path, e.g. `/v1/chat/completions`.
+    pub path: String,
+    /// Raw query string, without the `?`.
+    pub query: Option<String>,
+    /// Headers in arrival order, names lower-case, values decoded lossily as UTF-8.
+    pub headers: Vec<(String, String)>,
+    /// The raw body.
+    pub body: Bytes,
+    /// When the request arrived (after its body was read, before any hold or latency).
+    pub at: Instant,
+}
+
+impl RecordedRequest {
+    /// The first value of header `name` (case-insensitive), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON, if it is JSON.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+/// Handle to a running mock provider started by [`MockProvider::start`].
+///
+/// Clones share the same server; the server stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct MockProvider {
+    inner: Arc<Handle>,
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    /// Cancels the server task when the last handle goes away, so a test never leaks a server.
+    _stop: DropGuard,
+}
+
+impl MockProvider {
+    /// Bind `127.0.0.1:0` and serve in a spawned task until the last handle is dropped.
+    ///
+    /// The listener is bound before this returns, so requests sent right away are queued by the
+    /// kernel rather than refused.
+    pub async fn start(settings: MockSettings) -> anyhow::Result<MockProvider> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .context("mock provider: binding 127.0.0.1:0")?;
+        let addr = listener
+            .local_addr()
+            .context("mock provider: reading the bound address")?;
+        let shared = Arc::new(Shared::new(settings));
+        let stop = CancellationToken::new();
+        let server_shared = Arc::clone(&shared);
+        let signal = stop.clone().cancelled_owned();
+        tokio::spawn(async move {
+            if let Err(error) = run(listener, server_shared, signal).await {
+                tracing::error!(error = format!("{error:#}"), "mock provider stopped");
+            }
+        });
+        Ok(MockProvider {
+            inner: Arc::new(Handle {
+                shared,
+                addr,
+                _stop: stop.drop_guard(),
+            }),
+        })
+    }
+
+    /// Serve a mock provider on `listener` until `shutdown` completes; used by `mock-upstream`.
+    ///
+    /// On shutdown, held requests and long polls are let go and open connections get
+    /// a few seconds to finish before this returns anyway.
+    pub async fn serve(
+        listener: TcpListener,
+        settings: MockSettings,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        run(listener, Arc::new(Shared::new(settings)), shutdown).await
+    }
+
+    /// The OpenAI base URL of this mock, `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.inner.addr)
+    }
+
+    /// The socket address the mock listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Billable calls received so far (chat completions, completions, embeddings), counted on
+    /// arrival, before any hold or latency, whatever the answer turns out to be.
+    pub fn calls(&self) -> u64 {
+        self.inner.shared.calls()
+    }
+
+    /// Billable calls whose path ends with `path_suffix`, e.g. `"/chat/completions"`.
+    ///
+    /// This is a suffix match: `"/completions"` counts chat completions too.
+    pub fn calls_to(&self, path_suffix: &str) -> u64 {
+        self.inner.shared.calls_to(path_suffix)
+    }
+
+    /// Wait until `calls() >= n`; false if `timeout` passed first.
+    ///
+    /// Woken by each arrival rather than by polling, so it returns as soon as the call lands.
+    pub async fn wait_for_calls(&self, n: u64, timeout: Duration) -> bool {
+        self.inner.shared.wait_for_calls(n, timeout).await
+    }
+
+    /// From now on, billable calls are counted and then block until [`release`](Self::release).
+    ///
+    /// Held calls have no deadline of their own: the test decides when they go on.
+    pub fn hold(&self) {
+        self.inner.shared.set_hold(true);
+    }
+
+    /// Wake every held call at once and stop holding.
+    pub fn release(&self) {
+        self.inner.shared.set_hold(false);
+    }
+
+    /// Queue a canned response: the next billable call that arrives answers with it (FIFO),
+    /// before failure injection and whatever its body says.
+    pub fn push_script(&self, script: Scripted) {
+        self.inner.shared.push_script(script);
+    }
+
+    /// Set or clear failure injection; decided per call after its hold and latency.
+    pub fn set_failure(&self, failure: Option<FailureMode>) {
+        self.inner.shared.set_failure(failure);
+    }
+
+    /// Set the latency added to each billable call from now on.
+    pub fn set_latency(&self, latency: Duration) {
+        self.inner.shared.set_latency(latency);
+    }
+
+    /// When on, SSE streams stop after their first content chunk, with no `finish_reason`,
+    /// usage or `[DONE]`, by aborting the connection mid-body.
+    pub fn set_truncate_streams(&self, on: bool) {
+        self.inner.shared.set_truncate_streams(on);
+    }
+
+    /// Every billable request received since start or the last reset, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.inner.shared.ledger).requests.clone()
+    }
+
+    /// Back to the state right after start: counters, recorded requests and scripts cleared,
+    /// held calls released, failure, latency and truncation as in the startup settings.
+    pub fn reset(&self) {
+        self.inner.shared.reset();
+    }
+}
+
+/// State shared by the server task, its handlers and every [`MockProvider`] handle.
+struct Shared {
+    settings: MockSettings,
+    latency: Mutex<Duration>,
+    failure: Mutex<Option<FailureMode>>,
+    truncate_streams: AtomicBool,
+    ledger: Mutex<Ledger>,
+    /// The call counter lives in a watch channel so waiters are woken by each arrival.
+    calls: watch::Sender<u64>,
+    hold: watch::Sender<HoldState>,
+    /// Cancelled when the server begins shutting down, to let go of held calls and long polls.
+    stopping: CancellationToken,
+}
+
+/// What is recorded per call; one lock so the count, the record and the script popped for a
+/// call always agree.
+#[derive(Default)]
+struct Ledger {
+    by_path: BTreeMap<String, u64>,
+    requests: Vec<RecordedRequest>,
+    scripts: VecDeque<Scripted>,
+}
+
+/// Whether calls are held, plus a generation bumped on every release.
+///
+/// A held call waits for its own generation to end rather than for `held == false`, so a release
+/// immediately followed by a new hold still lets it go.
+#[derive(Debug, Clone, Copy, Default)]
+struct HoldState {
+    held: bool,
+    generation: u64,
+}
+
+/// What a billable call took from the ledger when it arrived.
+struct Arrival {
+    call: u64,
+    script: Option<Scripted>,
+    /// The hold generation to wait out, if calls were held when this one arrived.
+    held_in: Option<u64>,
+}
+
+impl Shared {
+    fn new(settings: MockSettings) -> Self {
+        Self {
+            latency: Mutex::new(settings.latency),
+            failure: Mutex::new(settings.failure.clone()),
+            truncate_streams: AtomicBool::new(false),
+            ledger: Mutex::new(Ledger::default()),
+            calls: watch::Sender::new(0),
+            hold: watch::Sender::new(HoldState::default()),
+            stopping: CancellationToken::new(),
+            settings,
+        }
+    }
+
+    fn calls(&self) -> u64 {
+        *self.calls.borrow()
+    }
+
+    fn calls_to(&self, path_suffix: &str) -> u64 {
+        lock(&self.ledger)
+            .by_path
+            .iter()
+            .filter(|(path, _)| path.ends_with(path_suffix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn by_path(&self) -> BTreeMap<String, u64> {
+        lock(&self.ledger).by_path.clone()
+    }
+
+    /// Wait until `calls() >= n`, the timeout passes or the server stops; true if reached.
+    async fn wait_for_calls(&self, n: u64, timeout: Duration) -> bool {
+        let mut calls = self.calls.subscribe();
+        tokio::select! {
+            reached = tokio::time::timeout(timeout, calls.wait_for(|c| *c >= n)) => {
+                matches!(reached, Ok(Ok(_)))
+            }
+            () = self.stopping.cancelled() => self.calls() >= n,
+        }
+    }
+
+    fn set_hold(&self, held: bool) {
+        self.hold.send_modify(|state| {
+            if state.held && !held {
+                state.generation += 1;
+            }
+            state.held = held;
+        });
+    }
+
+    fn push_script(&self, script: Scripted) {
+        lock(&self.ledger).scripts.push_back(script);
+    }
+
+    fn set_failure(&self, failure: Option<FailureMode>) {
+        *lock(&self.failure) = failure;
+    }
+
+    fn set_latency(&self, latency: Duration) {
+        *lock(&self.latency) = latency;
+    }
+
+    fn set_truncate_streams(&self, on: bool) {
+        self.truncate_streams.store(on, Ordering::Relaxed);
+    }
+
+    fn latency(&self) -> Duration {
+        *lock(&self.latency)
+    }
+
+    fn failure(&self) -> Option<FailureMode> {
+        lock(&self.failure).clone()
+    }
+
+    fn truncate_streams(&self) -> bool {
+        self.truncate_streams.load(Ordering::Relaxed)
+    }
+
+    /// Count and record a billable call, and take the script it will answer with, if any.
+    fn arrive(&self, request: RecordedRequest) -> Arrival {
+        let mut ledger = lock(&self.ledger);
+        let mut call = 0;
+        self.calls.send_modify(|calls| {
+            *calls += 1;
+            call = *calls;
+        });
+        *ledger.by_path.entry(request.path.clone()).or_default() += 1;
+        ledger.requests.push(request);
+        let script = ledger.scripts.pop_front();
+        drop(ledger);
+        let hold = *self.hold.borrow();
+        Arrival {
+            call,
+            script,
+            held_in: hold.held.then_some(hold.generation),
+        }
+    }
+
+    /// Block while the hold generation the call arrived in lasts; shutdown lets it go too.
+    async fn wait_out_hold(&self, generation: u64) {
+        let mut hold = self.hold.subscribe();
+        tokio::select! {
+            _ = hold.wait_for(|state| !state.held || state.generation != generation) => {}
+            () = self.stopping.cancelled() => {}
+        }
+    }
+
+    fn reset(&self) {
+        let mut ledger = lock(&self.ledger);
+        *ledger = Ledger::default();
+        self.calls.send_replace(0);
+        drop(ledger);
+        self.set_hold(false);
+        *lock(&self.failure) = self.settings.failure.clone();
+        *lock(&self.latency) = self.settings.latency;
+        self.truncate_streams.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Serve `shared` on `listener` until `shutdown` completes, then drain for at most
+/// [`SHUTDOWN_GRACE`].
+async fn run(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr = listener
+        .local_addr()
+        .context("mock provider: reading the bound address")?;
+    let stopping = shared.stopping.clone();
+    let signal = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            stopping.cancel();
+        }
+    };
+    tracing::debug!(%addr, "mock provider serving");
+    let server = axum::serve(listener, http::router(shared)).with_graceful_shutdown(signal);
+    tokio::select! {
+        served = server.into_future() => served.context("mock provider: serving HTTP")?,
+        () = async {
+            stopping.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(%addr, "mock provider stopped with connections still open");
+        }
+    }
+    tracing::debug!(%addr, "mock provider stopped");
+    Ok(())
+}
+
+/// Lock a mutex, ignoring poisoning: every critical section here leaves the data consistent,
+/// and a panicked test thread must not turn into a panic inside the server.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,565 @@
+//! The mock's answers to the OpenAI endpoints, as pure functions of the request body.
+//!
+//! Everything a test compares is derived from the request alone: the assistant content embeds a
+//! digest of the canonical messages, token counts follow from text lengths, embeddings from a
+//! hash of the input. Only `id` (the call number) and `created` (the clock) vary between two
+//! identical calls, which is what lets a test tell a refreshed answer from a cached one.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use sha2::{Digest as _, Sha256};
+
+/// `created` of the listed models; fixed so `/v1/models` is byte-for-byte stable.
+const MODELS_CREATED: u64 = 1_715_367_049;
+/// Models listed by `/v1/models`.
+const MODELS: [&str; 3] = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"];
+/// How much of the user's text the reply quotes.
+const QUOTE_CHARS: usize = 60;
+/// Most choices a request may ask for, as in OpenAI.
+const MAX_N: u64 = 128;
+/// Embedding size when the request names none.
+const DEFAULT_DIMENSIONS: usize = 8;
+/// Largest `dimensions` accepted, roughly OpenAI's largest model.
+const MAX_DIMENSIONS: u64 = 4096;
+
+/// A successful answer, before the HTTP layer applies stream delays and truncation.
+#[derive(Debug)]
+pub(super) enum Answer {
+    Json(Value),
+    Stream(SseEvents),
+}
+
+/// The complete list of SSE events of a streamed answer, each already framed as `data: ...\n\n`.
+#[derive(Debug)]
+pub(super) struct SseEvents {
+    pub(super) events: Vec<Bytes>,
+    /// Index of the first event that carries content; a truncated stream ends right after it.
+    pub(super) first_content: usize,
+}
+
+/// A request the real API would reject with 400 `invalid_request_error`.
+#[derive(Debug)]
+pub(super) struct InvalidRequest(pub(super) String);
+
+impl InvalidRequest {
+    fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub(super) fn chat_completions(body: &[u8], call: u64) -> Result<Answer, InvalidRequest> {
+    let request = parse_object(body)?;
+    let model = model(&request)?;
+    let messages = request
+        .get("messages")
+        .ok_or_else(|| InvalidRequest::new("Missing required parameter: 'messages'."))?;
+    let list = messages
+        .as_array()
+        .ok_or_else(|| InvalidRequest::new("Invalid type for 'messages': expected an array."))?;
+    let n = choice_count(&request)?;
+    let stream = flag(&request, "stream")?;
+    let include_usage = include_usage(&request)?;
+
+    let base = chat_content(messages, list);
+    let contents: Vec<String> = (0..n).map(|i| variant(&base, i)).collect();
+    let prompt_chars: usize = list.iter().map(|m| message_text(m).chars().count()).sum();
+    let usage = usage(
+        approx_tokens(prompt_chars),
+        contents.iter().map(|c| word_count(c)).sum(),
+    );
+    let id = format!("chatcmpl-mock-{call}");
+    let created = now_secs();
+
+    if !stream {
+        let choices: Vec<Value> = contents
+            .iter()
+            .enumerate()
+            .map(|(index, content)| {
+                json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": content},
+                    "logprobs": null,
+                    "finish_reason": "stop",
+                })
+            })
+            .collect();
+        return Ok(Answer::Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_mock",
+            "choices": choices,
+            "usage": usage,
+        })));
+    }
+
+    let chunk = |choices: Value| {
+        let mut chunk = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_mock",
+            "choices": choices,
+        });
+        // OpenAI announces the usage field on every chunk once usage is requested.
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    };
+    let delta = |index: usize, delta: Value, finish_reason: Value| json!([{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]);
+    let mut events = Vec::new();
+    for (index, content) in contents.iter().enumerate() {
+        events.push(sse(&chunk(delta(
+            index,
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        ))));
+        for piece in word_pieces(content) {
+            events.push(sse(&chunk(delta(
+                index,
+                json!({"content": piece}),
+                Value::Null,
+            ))));
+        }
+        events.push(sse(&chunk(delta(index, json!({}), json!("stop")))));
+    }
+    if include_usage {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage;
+        events.push(sse(&last));
+    }
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    Ok(Answer::Stream(SseEvents {
+        events,
+        first_content: 1,
+    }))
+}
+
+/// `POST /v1/completions`, the legacy text endpoint: one choice per prompt and per `n`.
+pub(super) fn completions(body: &[u8], call: u64) -> Result<Answer, InvalidRequest> {
+    let request = parse_object(body)?;
+    let model = model(&request)?;
+    let prompts = match request.get("prompt") {
+        // OpenAI treats a missing prompt as an empty document.
+        None | Some(Value::Null) => vec![String::new()],
+        Some(prompt) => non_empty(strings_or_list(prompt, "prompt")?, "prompt")?,
+    };
+    let n = choice_count(&request)?;
+    let stream = flag(&request, "stream")?;
+    let include_usage = include_usage(&request)?;
+
+    let mut texts = Vec::new();
+    for prompt in &prompts {
+        let digest = short_digest(&canonical_json(&Value::String(prompt.clone())));
+        let quote: String = prompt.chars().take(QUOTE_CHARS).collect();
+        let base = format!("mock completion for {digest}: {quote}")
+            .trim_end()
+            .to_owned();
+        texts.extend((0..n).map(|i| variant(&base, i)));
+    }
+    let prompt_chars: usize = prompts.iter().map(|p| p.chars().count()).sum();
+    let usage = usage(
+        approx_tokens(prompt_chars),
+        texts.iter().map(|t| word_count(t)).sum(),
+    );
+    let id = format!("cmpl-mock-{call}");
+    let created = now_secs();
+
+    if !stream {
+        let choices: Vec<Value> = texts
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                json!({"text": text, "index": index, "logprobs": null, "finish_reason": "stop"})
+            })
+            .collect();
+        return Ok(Answer::Json(json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_mock",
+            "choices": choices,
+            "usage": usage,
+        })));
+    }
+
+    let chunk = |choices: Value| {
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_mock",
+            "choices": choices,
+        })
+    };
+    let mut events = Vec::new();
+    for (index, text) in texts.iter().enumerate() {
+        for piece in word_pieces(text) {
+            events.push(sse(&chunk(json!([{
+                "text": piece, "index": index, "logprobs": null, "finish_reason": null,
+            }]))));
+        }
+        events.push(sse(&chunk(json!([{
+            "text": "", "index": index, "logprobs": null, "finish_reason": "stop",
+        }]))));
+    }
+    if include_usage {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage;
+        events.push(sse(&last));
+    }
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    Ok(Answer::Stream(SseEvents {
+        events,
+        first_content: 0,
+    }))
+}
+
+/// `POST /v1/embeddings`: one vector per input, derived from the SHA-256 of the input text.
+pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
+    let request = parse_object(body)?;
+    let model = model(&request)?;
+    let inputs = match request.get("input") {
+        None | Some(Value::Null) => {
+            return Err(InvalidRequest::new("Missing required parameter: 'input'."));
+        }
+        Some(input) => non_empty(strings_or_list(input, "input")?, "input")?,
+    };
+    let dimensions = match request.get("dimensions") {
+        None | Some(Value::Null) => DEFAULT_DIMENSIONS,
+        Some(value) => value
+            .as_u64()
+            .filter(|d| (1..=MAX_DIMENSIONS).contains(d))
+            .and_then(|d| usize::try_from(d).ok())
+            .ok_or_else(|| {
+                InvalidRequest::new(format!(
+                    "'dimensions' must be an integer between 1 and {MAX_DIMENSIONS}."
+                ))
+            })?,
+    };
+    let base64 = match request.get("encoding_format") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(format)) if format == "float" => false,
+        Some(Value::String(format)) if format == "base64" => true,
+        Some(_) => {
+            return Err(InvalidRequest::new(
+                "'encoding_format' must be \"float\" or \"base64\".",
+            ));
+        }
+    };
+
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| {
+            let vector = embedding_vector(input, dimensions);
+            let embedding = if base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Value::String(base64_encode(&bytes))
+            } else {
+                json!(vector)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    let tokens = approx_tokens(inputs.iter().map(|i| i.chars().count()).sum());
+    Ok(Answer::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })))
+}
+
+/// `GET /v1/models`.
+pub(super) fn models() -> Value {
+    let data: Vec<Value> = MODELS
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": MODELS_CREATED, "owned_by": "mock"}))
+        .collect();
+    json!({"object": "list", "data": data})
+}
+
+fn parse_object(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(InvalidRequest::new(
+            "The request body must be a JSON object.",
+        )),
+        Err(error) => Err(InvalidRequest::new(format!(
+            "We could not parse the JSON body of your request: {error}."
+        ))),
+    }
+}
+
+fn model(request: &Map<String, Value>) -> Result<String, InvalidRequest> {
+    match request.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model.clone()),
+        _ => Err(InvalidRequest::new("You must provide a model parameter.")),
+    }
+}
+
+/// A boolean parameter; absent and `null` mean false.
+fn flag(request: &Map<String, Value>, name: &str) -> Result<bool, InvalidRequest> {
+    match request.get(name) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(on)) => Ok(*on),
+        Some(_) => Err(InvalidRequest::new(format!(
+            "Invalid type for '{name}': expected a boolean."
+        ))),
+    }
+}
+
+fn include_usage(request: &Map<String, Value>) -> Result<bool, InvalidRequest> {
+    match request.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(options)) => match options.get("include_usage") {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(on)) => Ok(*on),
+            Some(_) => Err(InvalidRequest::new(
+                "Invalid type for 'stream_options.include_usage': expected a boolean.",
+            )),
+        },
+        Some(_) => Err(InvalidRequest::new(
+            "Invalid type for 'stream_options': expected an object.",
+        )),
+    }
+}
+
+fn choice_count(request: &Map<String, Value>) -> Result<usize, InvalidRequest> {
+    match request.get("n") {
+        None | Some(Value::Null) => Ok(1),
+        Some(value) => value
+            .as_u64()
+            .filter(|n| (1..=MAX_N).contains(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                InvalidRequest::new(format!("'n' must be an integer between 1 and {MAX_N}."))
+            }),
+    }
+}
+
+/// A string or a list of inputs (`prompt`, `input`); non-string list items (token arrays) are
+/// taken as their canonical JSON text.
+fn strings_or_list(value: &Value, name: &str) -> Result<Vec<String>, InvalidRequest> {
+    match value {
+        Value::String(text) => Ok(vec![text.clone()]),
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_number) => {
+            // A single input given as token ids.
+            Ok(vec![canonical_json(value)])
+        }
+        Value::Array(items) => Ok(items
+            .iter()
+            .map(|item| match item {
+                Value::String(text) => text.clone(),
+                other => canonical_json(other),
+            })
+            .collect()),
+        _ => Err(InvalidRequest::new(format!(
+            "Invalid type for '{name}': expected a string or an array."
+        ))),
+    }
+}
+
+fn non_empty(items: Vec<String>, name: &str) -> Result<Vec<String>, InvalidRequest> {
+    if items.is_empty() {
+        Err(InvalidRequest::new(format!("'{name}' must not be empty.")))
+    } else {
+        Ok(items)
+    }
+}
+
+/// The reply to a conversation: a digest of all messages, then the last user text quoted.
+fn chat_content(messages: &Value, list: &[Value]) -> String {
+    let digest = short_digest(&canonical_json(messages));
+    let quote: String = list
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .map(message_text)
+        .unwrap_or_default()
+        .chars()
+        .take(QUOTE_CHARS)
+        .collect();
+    format!("mock reply to {digest}: {quote}")
+        .trim_end()
+        .to_owned()
+}
+
+/// Choice 0 is the plain reply; further choices are marked so that they differ, as real ones do.
+fn variant(base: &str, index: usize) -> String {
+    if index == 0 {
+        base.to_owned()
+    } else {
+        format!("{base} (choice {index})")
+    }
+}
+
+/// The text of a message: its string content, or its text parts concatenated.
+fn message_text(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+/// Roughly four characters per token, as OpenAI's rule of thumb; never zero.
+fn approx_tokens(chars: usize) -> u64 {
+    u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX).max(1)
+}
+
+fn word_count(text: &str) -> u64 {
+    u64::try_from(text.split_whitespace().count()).unwrap_or(u64::MAX)
+}
+
+/// Split `text` into one piece per word, each keeping the whitespace that follows it (leading
+/// whitespace stays with the first word), so the pieces concatenate back to `text` exactly.
+pub(super) fn word_pieces(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut seen_word = false;
+    let mut after_space = false;
+    for (at, ch) in text.char_indices() {
+        if ch.is_whitespace() {
+            after_space = true;
+        } else {
+            if seen_word && after_space {
+                pieces.push(&text[start..at]);
+                start = at;
+            }
+            seen_word = true;
+            after_space = false;
+        }
+    }
+    if start < text.len() {
+        pieces.push(&text[start..]);
+    }
+    pieces
+}
+
+/// `value` serialized with object keys sorted at every level.
+///
+/// Hashing `Value::to_string()` directly would depend on whether some crate in the build turned
+/// on serde_json's `preserve_order`, so the digest is computed over this form instead.
+pub(super) fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(key.as_str()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// The first 12 hex digits of the SHA-256 of `text`.
+fn short_digest(text: &str) -> String {
+    let mut digest = hex::encode(Sha256::digest(text.as_bytes()));
+    digest.truncate(12);
+    digest
+}
+
+/// `dimensions` values in `[-1, 1)`: the bytes of SHA-256(input), then of
+/// SHA-256(block number ‖ input) for each further 32 values, read as `i8 / 128`.
+///
+/// Multiples of 1/128 are exact in both f32 and decimal, so the JSON stays short and a value
+/// survives a round trip through any client unchanged.
+pub(super) fn embedding_vector(input: &str, dimensions: usize) -> Vec<f32> {
+    let mut vector = Vec::with_capacity(dimensions);
+    let mut block: u32 = 0;
+    while vector.len() < dimensions {
+        let mut hasher = Sha256::new();
+        if block > 0 {
+            hasher.update(block.to_be_bytes());
+        }
+        hasher.update(input.as_bytes());
+        let remaining = dimensions - vector.len();
+        vector.extend(
+            hasher
+                .finalize()
+                .iter()
+                .take(remaining)
+                .map(|byte| f32::from(i8::from_ne_bytes([*byte])) / 128.0),
+        );
+        block = block.wrapping_add(1);
+    }
+    vector
+}
+
+/// Standard base64 with padding, for `encoding_format: "base64"` (the default of the official
+/// Python client), without pulling in a crate for twenty lines.
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for group in bytes.chunks(3) {
+        let b = [
+            group[0],
+            group.get(1).copied().unwrap_or(0),
+            group.get(2).copied().unwrap_or(0),
+        ];
+        let triple = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= group.len() {
+                out.push(char::from(ALPHABET[((triple >> shift) & 0x3f) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn sse(event: &Value) -> Bytes {
+    Bytes::from(format!("data: {event}\n\n"))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}

@@ -1,0 +1,318 @@
+//! A deduplicable request, parsed and classified once: its body, route,
+//! tenant scope, fingerprint, the headers to forward, and what it may do with
+//! the cache.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::{
+    config::{CacheConfig, CacheScope},
+    error::GatewayError,
+    fingerprint::{Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body},
+    upstream::Routes,
+};
+
+/// Request headers that can change the provider's answer: keyed and forwarded.
+pub const KEYED_HEADERS: &[&str] = &["openai-beta", "openai-organization", "openai-project"];
+
+/// Request headers forwarded without being keyed, because they cannot change the
+/// answer. Every other header is dropped: an input that is neither keyed nor
+/// stripped would let one caller poison another's cache entry.
+pub const FORWARDED_HEADERS: &[&str] = &["accept"];
+
+/// What a request may do with the cache, from `Cache-Control` and the sampling policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachePolicy {
+    /// May be answered from a stored entry.
+    pub read: bool,
+    /// Its answer may be stored.
+    pub write: bool,
+    /// Only entries at most this old may answer it (`max-age=N`).
+    pub max_age: Option<Duration>,
+    /// `no-store`: neither coalesced nor cached, sent upstream as is.
+    pub bypass: bool,
+}
+
+impl CachePolicy {
+    fn from_headers(headers: &HeaderMap) -> Self {
+        let mut policy = Self {
+            read: true,
+            write: true,
+            max_age: None,
+            bypass: false,
+        };
+        for value in headers.get_all(header::CACHE_CONTROL) {
+            let Ok(value) = value.to_str() else { continue };
+            for directive in value.split(',').map(|d| d.trim().to_ascii_lowercase()) {
+                if directive == "no-store" {
+                    policy.bypass = true;
+                    policy.read = false;
+                    policy.write = false;
+                } else if directive == "no-cache" {
+                    policy.read = false;
+                } else if let Some(seconds) = directive.strip_prefix("max-age=") {
+                    if let Ok(seconds) = seconds.trim_matches('"').parse::<u64>() {
+                        policy.max_age = Some(Duration::from_secs(seconds));
+                    }
+                }
+            }
+        }
+        policy
+    }
+}
+
+#[derive(Debug)]
+pub struct DedupRequest {
+    pub endpoint: Endpoint,
+    /// The body as the caller sent it; this is what goes upstream.
+    pub raw_body: Bytes,
+    pub model: String,
+    pub stream: bool,
+    /// Index into `config.upstreams`.
+    pub upstream: usize,
+    pub scope: TenantScope,
+    pub fingerprint: Fingerprint,
+    /// The caller's bearer token, forwarded when the upstream has no key of its own.
+    pub authorization: Option<HeaderValue>,
+    /// Keyed and allowlisted headers to send upstream.
+    pub forward_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Raw query string, forwarded as is (it is keyed).
+    pub query: Option<String>,
+    pub policy: CachePolicy,
+    /// temperature 0 or a seed: the same request deserves the same answer.
+    pub deterministic: bool,
+}
+
+impl DedupRequest {
+    /// Parses and classifies a request; every client mistake is a 400 here,
+    /// before anything is sent upstream.
+    pub fn parse(
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        raw_body: Bytes,
+        routes: &Routes,
+        upstream_names: &[String],
+        cache: &CacheConfig,
+    ) -> Result<Self, GatewayError> {
+        let body: Value = serde_json::from_slice(&raw_body).map_err(|err| {
+            GatewayError::invalid(format!(
+                "We could not parse the JSON body of your request: {err}"
+            ))
+        })?;
+        let Value::Object(body) = body else {
+            return Err(GatewayError::invalid(
+                "the request body must be a JSON object",
+            ));
+        };
+        let model = match body.get("model") {
+            Some(Value::String(model)) if !model.is_empty() => model.clone(),
+            Some(_) => {
+                return Err(GatewayError::invalid_param(
+                    "model",
+                    "`model` must be a string",
+                ));
+            }
+            None => {
+                return Err(GatewayError::invalid_param(
+                    "model",
+                    "you must provide a model parameter",
+                ));
+            }
+        };
+        let upstream = routes.route(&model).ok_or_else(|| GatewayError::NoRoute {
+            model: model.clone(),
+        })?;
+        let stream = matches!(body.get("stream"), Some(Value::Bool(true)));
+
+        let authorization = headers.get(header::AUTHORIZATION).cloned();
+        let credential = authorization
+            .as_ref()
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.strip_prefix("Bearer ").unwrap_or(value).trim());
+        let scope = match cache.scope {
+            CacheScope::Tenant => TenantScope::of_credential(credential),
+            CacheScope::Global => TenantScope::global(),
+        };
+
+        let mut keyed_headers = Vec::new();
+        let mut forward_headers = Vec::new();
+        for name in KEYED_HEADERS {
+            for value in headers.get_all(*name) {
+                let text = value.to_str().map_err(|_| {
+                    GatewayError::invalid(format!("header {name} must be visible ASCII"))
+                })?;
+                keyed_headers.push(((*name).to_owned(), text.to_owned()));
+                forward_headers.push((HeaderName::from_static(name), value.clone()));
+            }
+        }
+        for name in FORWARDED_HEADERS {
+            if let Some(value) = headers.get(*name) {
+                forward_headers.push((HeaderName::from_static(name), value.clone()));
+            }
+        }
+        let query_pairs = sorted_query_pairs(query);
+
+        let normalization = Normalization {
+            case_fold: cache.case_fold,
+        };
+        let canonical = canonical_body(&body, normalization);
+        let fingerprint = Fingerprint::of(&KeyInput {
+            endpoint,
+            upstream: &upstream_names[upstream],
+            scope: &scope,
+            headers: &keyed_headers,
+            query: &query_pairs,
+            body: &canonical,
+        });
+
+        let deterministic = is_deterministic(endpoint, &body);
+        let mut policy = CachePolicy::from_headers(headers);
+        if !deterministic && !cache.sampled {
+            // A sampled answer is not stored, and none stored earlier is served.
+            policy.read = false;
+            policy.write = false;
+        }
+
+        Ok(Self {
+            endpoint,
+            raw_body,
+            model,
+            stream,
+            upstream,
+            scope,
+            fingerprint,
+            authorization,
+            forward_headers,
+            query: query.filter(|q| !q.is_empty()).map(str::to_owned),
+            policy,
+            deterministic,
+        })
+    }
+}
+
+/// Embeddings are deterministic; generation is when temperature is 0 or a seed is set.
+fn is_deterministic(endpoint: Endpoint, body: &Map<String, Value>) -> bool {
+    if endpoint == Endpoint::Embeddings {
+        return true;
+    }
+    let zero_temperature = body
+        .get("temperature")
+        .and_then(Value::as_f64)
+        .is_some_and(|t| t == 0.0);
+    let seeded = body.get("seed").is_some_and(|seed| !seed.is_null());
+    zero_temperature || seeded
+}
+
+fn sorted_query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => (pair.to_owned(), String::new()),
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn parse(headers: &[(&str, &str)], query: Option<&str>, body: &str) -> DedupRequest {
+        let config = Config::for_tests("http://127.0.0.1:1/v1");
+        let routes = Routes::new(&config.upstreams);
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        DedupRequest::parse(
+            Endpoint::ChatCompletions,
+            &map,
+            query,
+            Bytes::from(body.to_owned()),
+            &routes,
+            &names,
+            &config.cache,
+        )
+        .unwrap()
+    }
+
+    const BODY: &str =
+        r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    #[test]
+    fn keyed_headers_and_query_change_the_fingerprint_others_do_not() {
+        let base = parse(&[], None, BODY).fingerprint;
+        assert_ne!(
+            base,
+            parse(&[("openai-organization", "org-1")], None, BODY).fingerprint
+        );
+        assert_ne!(
+            base,
+            parse(&[], Some("api-version=2024-01-01"), BODY).fingerprint
+        );
+        assert_eq!(
+            base,
+            parse(&[("x-stainless-lang", "python")], None, BODY).fingerprint
+        );
+        assert_eq!(
+            parse(&[], Some("a=1&b=2"), BODY).fingerprint,
+            parse(&[], Some("b=2&a=1"), BODY).fingerprint
+        );
+    }
+
+    #[test]
+    fn unlisted_headers_are_not_forwarded() {
+        let request = parse(
+            &[
+                ("x-stainless-lang", "python"),
+                ("accept", "application/json"),
+            ],
+            None,
+            BODY,
+        );
+        let names: Vec<&str> = request
+            .forward_headers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(names, ["accept"]);
+    }
+
+    #[test]
+    fn cache_control_and_sampling_decide_the_policy() {
+        let request = parse(&[("cache-control", "no-cache")], None, BODY);
+        assert!(!request.policy.read && request.policy.write);
+        let request = parse(&[("cache-control", "no-store")], None, BODY);
+        assert!(request.policy.bypass);
+        let request = parse(&[("cache-control", "max-age=5")], None, BODY);
+        assert_eq!(request.policy.max_age, Some(Duration::from_secs(5)));
+        let sampled = parse(&[], None, r#"{"model":"m","messages":[]}"#);
+        assert!(!sampled.deterministic && !sampled.policy.write && !sampled.policy.read);
+        let seeded = parse(
+            &[],
+            None,
+            r#"{"model":"m","seed":7,"temperature":0.9,"messages":[]}"#,
+        );
+        assert!(seeded.deterministic && seeded.policy.write);
+    }
+
+    #[test]
+    fn tenants_split_the_fingerprint() {
+        let a = parse(&[("authorization", "Bearer sk-a")], None, BODY).fingerprint;
+        let b = parse(&[("authorization", "Bearer sk-b")], None, BODY).fingerprint;
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,17 @@
+//! Logging setup: text by default, JSON with `log.format: json`; the level
+//! comes from `RUST_LOG` (default `info`).
+
+use tracing_subscriber::{EnvFilter, fmt};
+
+use crate::config::LogFormat;
+
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = fmt().with_env_filter(filter).with_target(false);
+    let result = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    // A second init (tests) keeps the first subscriber.
+    drop(result);
+}

@@ -1,0 +1,283 @@
+//! One pooled reqwest client (rustls) for every provider. Each attempt is
+//! bounded by the upstream's timeouts; `retry` decides whether to try again.
+
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use bytes::{Bytes, BytesMut};
+
+use super::retry::{self, AttemptError};
+use crate::{
+    config::{Config, RetryConfig, Secret},
+    error::GatewayError,
+};
+
+/// A provider as the client needs it.
+#[derive(Debug)]
+struct Target {
+    name: String,
+    base_url: String,
+    api_key: Option<Secret<String>>,
+    request_timeout: Duration,
+}
+
+#[derive(Debug)]
+pub struct Upstream {
+    client: reqwest::Client,
+    targets: Vec<Target>,
+    retry: RetryConfig,
+    max_response_bytes: usize,
+}
+
+/// A request to send to a provider.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    /// Index into `config.upstreams`.
+    pub upstream: usize,
+    pub method: Method,
+    /// Below the base URL, e.g. `/chat/completions`.
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The caller's credential, used only when the upstream has no key of its own.
+    pub authorization: Option<HeaderValue>,
+    pub body: Bytes,
+}
+
+/// A successful response read to its end.
+#[derive(Debug)]
+pub struct Buffered {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub attempts: usize,
+    pub elapsed: Duration,
+}
+
+impl Upstream {
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        let connect_timeout = config
+            .upstreams
+            .iter()
+            .map(|u| u.connect_timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(5));
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .build()?;
+        let targets = config
+            .upstreams
+            .iter()
+            .map(|u| Target {
+                name: u.name.clone(),
+                base_url: u.base_url.trim_end_matches('/').to_owned(),
+                api_key: u.api_key.clone(),
+                request_timeout: u.request_timeout,
+            })
+            .collect();
+        Ok(Self {
+            client,
+            targets,
+            retry: config.retry.clone(),
+            max_response_bytes: config.limits.max_response_bytes,
+        })
+    }
+
+    pub fn name(&self, upstream: usize) -> &str {
+        &self.targets[upstream].name
+    }
+
+    /// Sends with retries and reads the whole body. Only a 2xx is `Ok`; the
+    /// provider's final error comes back as `GatewayError::Upstream`.
+    pub async fn call_buffered(&self, outbound: &Outbound) -> Result<Buffered, GatewayError> {
+        let started = Instant::now();
+        let target = &self.targets[outbound.upstream];
+        let (result, attempts) = retry::with_retries(&self.retry, || async {
+            let response = self
+                .send_once(outbound, Some(target.request_timeout))
+                .await?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            // From here the body has begun to arrive: a failure is not retried.
+            let body = self
+                .read_body(target, response)
+                .await
+                .map_err(AttemptError::fatal)?;
+            if status.is_success() {
+                return Ok((status, headers, body));
+            }
+            Err(status_error(status, &headers, body))
+        })
+        .await;
+        let elapsed = started.elapsed();
+        tracing::info!(upstream = %target.name, attempts, ?elapsed, ok = result.is_ok(), "upstream call");
+        let (status, headers, body) = result.map_err(|err| name_timeout(err, &target.name))?;
+        Ok(Buffered {
+            status,
+            headers,
+            body,
+            attempts,
+            elapsed,
+        })
+    }
+
+    /// Sends with retries until a 2xx response's headers arrive, and returns it
+    /// for the caller to stream. Nothing is retried once the body is relayed.
+    pub async fn call_streaming(
+        &self,
+        outbound: &Outbound,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let target = &self.targets[outbound.upstream];
+        let (result, _attempts) = retry::with_retries(&self.retry, || async {
+            let response = self.send_once(outbound, None).await?;
+            let status = response.status();
+            if status.is_success() {
+                return Ok(response);
+            }
+            let headers = response.headers().clone();
+            let body = self
+                .read_body(target, response)
+                .await
+                .map_err(AttemptError::fatal)?;
+            Err(status_error(status, &headers, body))
+        })
+        .await;
+        result.map_err(|err| name_timeout(err, &target.name))
+    }
+
+    /// Sends the request once; with `timeout`, the whole exchange is bounded
+    /// (else only up to the response headers, bounded by the request timeout).
+    async fn send_once(
+        &self,
+        outbound: &Outbound,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, AttemptError> {
+        let target = &self.targets[outbound.upstream];
+        let mut url = format!("{}{}", target.base_url, outbound.path);
+        if let Some(query) = &outbound.query {
+            url.push('?');
+            url.push_str(query);
+        }
+        let mut request = self
+            .client
+            .request(outbound.method.clone(), url)
+            .header(header::CONTENT_TYPE, "application/json");
+        for (name, value) in &outbound.headers {
+            request = request.header(name, value);
+        }
+        match (&target.api_key, &outbound.authorization) {
+            (Some(key), _) => request = request.bearer_auth(key.expose()),
+            (None, Some(caller)) => request = request.header(header::AUTHORIZATION, caller),
+            (None, None) => {}
+        }
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
+        if !outbound.body.is_empty() || outbound.method == Method::POST {
+            request = request.body(outbound.body.clone());
+        }
+        let send = request.send();
+        let response = match timeout {
+            Some(_) => send.await,
+            None => match tokio::time::timeout(target.request_timeout, send).await {
+                Ok(response) => response,
+                Err(_) => {
+                    return Err(AttemptError::retryable(GatewayError::UpstreamTimeout {
+                        upstream: target.name.clone(),
+                    }));
+                }
+            },
+        };
+        response.map_err(|err| classify_send_error(err, &target.name))
+    }
+
+    async fn read_body(
+        &self,
+        target: &Target,
+        mut response: reqwest::Response,
+    ) -> Result<Bytes, GatewayError> {
+        let mut body = BytesMut::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > self.max_response_bytes {
+                        return Err(GatewayError::UpstreamInvalid {
+                            upstream: target.name.clone(),
+                            reason: format!(
+                                "response larger than {} bytes",
+                                self.max_response_bytes
+                            ),
+                        });
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => return Ok(body.freeze()),
+                Err(err) if err.is_timeout() => {
+                    return Err(GatewayError::UpstreamTimeout {
+                        upstream: target.name.clone(),
+                    });
+                }
+                Err(err) => {
+                    return Err(GatewayError::UpstreamUnreachable {
+                        upstream: target.name.clone(),
+                        reason: format!("response body broke off: {}", error_chain(&err)),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Connect errors and timeouts before any response are worth another attempt.
+fn classify_send_error(err: reqwest::Error, upstream: &str) -> AttemptError {
+    if err.is_timeout() {
+        AttemptError::retryable(GatewayError::UpstreamTimeout {
+            upstream: upstream.to_owned(),
+        })
+    } else {
+        AttemptError::retryable(GatewayError::UpstreamUnreachable {
+            upstream: upstream.to_owned(),
+            reason: error_chain(&err),
+        })
+    }
+}
+
+fn status_error(status: StatusCode, headers: &HeaderMap, body: Bytes) -> AttemptError {
+    let retryable = retry::is_retryable_status(status, headers, &body);
+    AttemptError {
+        retryable,
+        retry_after: retry::retry_after(headers),
+        error: GatewayError::Upstream {
+            status,
+            content_type: headers.get(header::CONTENT_TYPE).cloned(),
+            retry_after: headers.get(header::RETRY_AFTER).cloned(),
+            body,
+        },
+    }
+}
+
+/// The retry deadline reports a generic timeout; give it the upstream's name.
+fn name_timeout(err: GatewayError, upstream: &str) -> GatewayError {
+    match err {
+        GatewayError::UpstreamTimeout { .. } => GatewayError::UpstreamTimeout {
+            upstream: upstream.to_owned(),
+        },
+        other => other,
+    }
+}
+
+/// reqwest's top-level message hides the cause ("error sending request").
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

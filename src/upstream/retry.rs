@@ -1,0 +1,288 @@
+//! The one retry door: exponential backoff with full jitter (backon), bounded by
+//! attempts and a total deadline, honouring `Retry-After` / `retry-after-ms`.
+
+use std::{future::Future, time::Duration};
+
+use axum::http::{HeaderMap, StatusCode};
+use backon::{ExponentialBuilder, Retryable};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::{config::RetryConfig, error::GatewayError};
+
+/// One failed attempt, classified.
+#[derive(Debug)]
+pub struct AttemptError {
+    pub error: GatewayError,
+    pub retryable: bool,
+    /// The provider's own wait hint, which wins over the backoff.
+    pub retry_after: Option<Duration>,
+}
+
+impl AttemptError {
+    pub fn fatal(error: GatewayError) -> Self {
+        Self {
+            error,
+            retryable: false,
+            retry_after: None,
+        }
+    }
+
+    pub fn retryable(error: GatewayError) -> Self {
+        Self {
+            error,
+            retryable: true,
+            retry_after: None,
+        }
+    }
+}
+
+/// Whether an upstream status may be retried, given its headers and body:
+/// 429 and 5xx overload/unavailability statuses, except an exhausted quota
+/// (retrying cannot help) or a provider that says not to.
+pub fn is_retryable_status(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> bool {
+    let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504);
+    if !retryable {
+        return false;
+    }
+    if headers
+        .get("x-should-retry")
+        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"false"))
+    {
+        return false;
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && error_code(body).as_deref() == Some("insufficient_quota")
+    {
+        return false;
+    }
+    true
+}
+
+fn error_code(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let error = value.get("error")?;
+    error
+        .get("code")
+        .or_else(|| error.get("type"))
+        .and_then(|code| code.as_str())
+        .map(str::to_owned)
+}
+
+/// `retry-after-ms` (OpenAI's, precise) or `Retry-After` in seconds or as an HTTP date.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    if let Some(ms) = headers
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+    {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let value = headers.get("retry-after")?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<f64>() {
+        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(
+        when.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
+}
+
+/// Runs `attempt` until it succeeds, fails for good, runs out of attempts, or
+/// the deadline passes. The returned count is the attempts made.
+pub async fn with_retries<T, F, Fut>(
+    config: &RetryConfig,
+    mut attempt: F,
+) -> (Result<T, GatewayError>, usize)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, AttemptError>>,
+{
+    let deadline = Instant::now() + config.deadline;
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(config.base_delay)
+        .with_max_delay(config.max_delay)
+        .with_factor(2.0)
+        .with_max_times(config.max_attempts.saturating_sub(1));
+    let mut attempts = 0usize;
+    let run = (|| {
+        attempts += 1;
+        attempt()
+    })
+    .retry(backoff)
+    .sleep(tokio::time::sleep)
+    .when(|err: &AttemptError| err.retryable)
+    .adjust(|err: &AttemptError, backoff: Option<Duration>| {
+        // `None` from the backoff means attempts are used up: stop, whatever the hint.
+        let delay = match (backoff, err.retry_after) {
+            (None, _) => return None,
+            (Some(_), Some(hint)) => hint,
+            // Full jitter: anywhere in [0, backoff], so retries spread out.
+            (Some(ceiling), None) => ceiling.mul_f64(rand::rng().random_range(0.0..=1.0)),
+        };
+        // A wait that would end past the deadline cannot lead to a useful attempt.
+        (Instant::now() + delay < deadline).then_some(delay)
+    })
+    .notify(|err: &AttemptError, delay: Duration| {
+        tracing::info!(error = %err.error, ?delay, "retrying upstream");
+    });
+    let result = match tokio::time::timeout_at(deadline, run).await {
+        Ok(result) => result.map_err(|err| err.error),
+        Err(_) => Err(GatewayError::UpstreamTimeout {
+            upstream: "upstream".to_owned(),
+        }),
+    };
+    (result, attempts)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::http::HeaderValue;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config(max_attempts: usize) -> RetryConfig {
+        RetryConfig {
+            max_attempts,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+            deadline: Duration::from_secs(60),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_at_max_attempts() {
+        let calls = AtomicUsize::new(0);
+        let (result, attempts) = with_retries(&config(4), || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(AttemptError::retryable(GatewayError::WaitTimedOut))
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(attempts, 4);
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fatal_errors_are_not_retried() {
+        let (result, attempts) = with_retries(&config(4), || async {
+            Err::<(), _>(AttemptError::fatal(GatewayError::WaitTimedOut))
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(attempts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_wins_over_backoff() {
+        let start = Instant::now();
+        let calls = AtomicUsize::new(0);
+        let (result, attempts) = with_retries(&config(3), || async {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(AttemptError {
+                    error: GatewayError::WaitTimedOut,
+                    retryable: true,
+                    retry_after: Some(Duration::from_secs(7)),
+                })
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(attempts, 2);
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hint_past_the_deadline_gives_up_at_once() {
+        let start = Instant::now();
+        let mut short = config(3);
+        short.deadline = Duration::from_secs(5);
+        let (result, attempts) = with_retries(&short, || async {
+            Err::<(), _>(AttemptError {
+                error: GatewayError::WaitTimedOut,
+                retryable: true,
+                retry_after: Some(Duration::from_secs(30)),
+            })
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(attempts, 1);
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn classifies_statuses() {
+        let none = HeaderMap::new();
+        assert!(is_retryable_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &none,
+            b""
+        ));
+        assert!(is_retryable_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            &none,
+            b"{}"
+        ));
+        assert!(!is_retryable_status(StatusCode::BAD_REQUEST, &none, b""));
+        let quota = br#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        assert!(!is_retryable_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            &none,
+            quota
+        ));
+        let mut no = HeaderMap::new();
+        no.insert("x-should-retry", HeaderValue::from_static("false"));
+        assert!(!is_retryable_status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &no,
+            b""
+        ));
+    }
+
+    #[test]
+    fn parses_retry_after_forms() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(1500)));
+        let mut dated = HeaderMap::new();
+        dated.insert(
+            "retry-after",
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        assert_eq!(
+            retry_after(&dated),
+            Some(Duration::ZERO),
+            "a past date means now"
+        );
+        let mut junk = HeaderMap::new();
+        junk.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&junk), None);
+    }
+
+    proptest! {
+        // Total time spent waiting never exceeds the deadline, and attempts never exceed the cap.
+        #[test]
+        fn retries_respect_their_bounds(max_attempts in 1usize..8, base_ms in 1u64..500, hint_ms in proptest::option::of(0u64..3000)) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            let cfg = RetryConfig { max_attempts, base_delay: Duration::from_millis(base_ms), max_delay: Duration::from_millis(base_ms * 8), deadline: Duration::from_secs(10) };
+            let (attempts, elapsed) = runtime.block_on(async {
+                let start = Instant::now();
+                let (_, attempts) = with_retries(&cfg, || async {
+                    Err::<(), _>(AttemptError { error: GatewayError::WaitTimedOut, retryable: true, retry_after: hint_ms.map(Duration::from_millis) })
+                }).await;
+                (attempts, start.elapsed())
+            });
+            prop_assert!(attempts >= 1 && attempts <= max_attempts);
+            prop_assert!(elapsed <= Duration::from_secs(10));
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The one integration test binary: corral and the mock provider on loopback
+//! port 0, real HTTP, no sleeps for synchronisation.
+
+mod fingerprint_props;
+mod harness;
+mod prompts_golden;
+
+mod bad_input;
+mod dedup;
+mod retry;
+mod swr;
