@@ -11,6 +11,7 @@ use axum::{
 };
 use bytes::Bytes;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::{
     cache::StoredResponse,
@@ -54,7 +55,6 @@ pub async fn serve(
         upstream = %app.upstream_names[request.upstream],
         cache = tracing::field::Empty,
     );
-    let _entered = span.enter();
     let outbound = Outbound {
         upstream: request.upstream,
         method: Method::POST,
@@ -67,14 +67,17 @@ pub async fn serve(
 
     if request.stream || request.policy.bypass {
         span.record("cache", CacheStatus::Bypass.as_str());
-        drop(_entered);
-        let mut response = if request.stream {
-            stream_through(&app, &outbound).await?
-        } else {
-            let buffered = app.upstream.call_buffered(&outbound).await?;
-            let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
-            response_from(&shared)
-        };
+        let mut response = async {
+            if request.stream {
+                stream_through(&app, &outbound).await
+            } else {
+                let buffered = app.upstream.call_buffered(&outbound).await?;
+                let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
+                Ok(response_from(&shared))
+            }
+        }
+        .instrument(span.clone())
+        .await?;
         set_status_headers(
             response.headers_mut(),
             &request,
@@ -86,10 +89,10 @@ pub async fn serve(
     }
 
     let loader = upstream_loader(app.clone(), outbound, endpoint);
-    drop(_entered);
     let served = app
         .coalescer
         .get_or_fetch(fingerprint, request.policy, loader)
+        .instrument(span.clone())
         .await;
     match served {
         Ok(Served {
@@ -204,7 +207,7 @@ fn set_status_headers(
     let cache_status = match status {
         CacheStatus::Hit => "corral; hit".to_owned(),
         CacheStatus::Stale => "corral; hit; fwd=stale".to_owned(),
-        CacheStatus::Miss if !request.policy.read => format!("corral; fwd=request{stored}"),
+        CacheStatus::Miss if request.policy.revalidate => format!("corral; fwd=request{stored}"),
         CacheStatus::Miss => format!("corral; fwd=miss{stored}"),
         CacheStatus::Coalesced => format!("corral; fwd=miss; collapsed{stored}"),
         CacheStatus::Bypass => "corral; fwd=bypass".to_owned(),

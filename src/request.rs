@@ -34,6 +34,8 @@ pub struct CachePolicy {
     pub max_age: Option<Duration>,
     /// `no-store`: neither coalesced nor cached, sent upstream as is.
     pub bypass: bool,
+    /// `no-cache`: the caller asked to skip stored entries (RFC 9211 `fwd=request`).
+    pub revalidate: bool,
 }
 
 impl CachePolicy {
@@ -43,6 +45,7 @@ impl CachePolicy {
             write: true,
             max_age: None,
             bypass: false,
+            revalidate: false,
         };
         for value in headers.get_all(header::CACHE_CONTROL) {
             let Ok(value) = value.to_str() else { continue };
@@ -53,6 +56,7 @@ impl CachePolicy {
                     policy.write = false;
                 } else if directive == "no-cache" {
                     policy.read = false;
+                    policy.revalidate = true;
                 } else if let Some(seconds) = directive.strip_prefix("max-age=") {
                     if let Ok(seconds) = seconds.trim_matches('"').parse::<u64>() {
                         policy.max_age = Some(Duration::from_secs(seconds));

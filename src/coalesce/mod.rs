@@ -178,6 +178,7 @@ impl Coalescer {
                 write: true,
                 max_age: None,
                 bypass: false,
+                revalidate: false,
             };
             self.spawn_flight(guard, policy, loader);
         }

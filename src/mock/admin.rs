@@ -84,24 +84,28 @@ struct FailureBody {
 
 /// `POST /__mock/failure` with `{status, fraction?, retry_after_ms?, code?}`, or `null` (or an
 /// empty body) to stop failing.
-async fn failure(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn failure(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
-        match parse::<Option<FailureBody>>(&body) {
-            Ok(body) => body,
-            Err(response) => return response,
-        }
+        parse::<Option<FailureBody>>(&body)?
     };
     let failure = match body {
         None => None,
         Some(body) => {
             let fraction = body.fraction.unwrap_or(1.0);
             if StatusCode::from_u16(body.status).is_err() {
-                return bad_request("'status' must be an HTTP status code.");
+                return Err(BadAdminRequest(
+                    "'status' must be an HTTP status code.".into(),
+                ));
             }
             if !(0.0..=1.0).contains(&fraction) {
-                return bad_request("'fraction' must be between 0 and 1.");
+                return Err(BadAdminRequest(
+                    "'fraction' must be between 0 and 1.".into(),
+                ));
             }
             Some(FailureMode {
                 status: body.status,
@@ -112,7 +116,7 @@ async fn failure(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         }
     };
     shared.set_failure(failure);
-    StatusCode::NO_CONTENT.into_response()
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,14 +126,13 @@ struct LatencyBody {
 }
 
 /// `POST /__mock/latency` with `{ms}`.
-async fn latency(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    match parse::<LatencyBody>(&body) {
-        Ok(body) => {
-            shared.set_latency(Duration::from_millis(body.ms));
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(response) => response,
-    }
+async fn latency(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: LatencyBody = parse(&body)?;
+    shared.set_latency(Duration::from_millis(body.ms));
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,22 +146,21 @@ struct ScriptBody {
 }
 
 /// `POST /__mock/script` with `{status, headers?: {name: value}, body}`: queue a canned response.
-async fn script(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    match parse::<ScriptBody>(&body) {
-        Ok(script) => {
-            let body = match script.body {
-                Value::String(text) => text,
-                other => other.to_string(),
-            };
-            shared.push_script(Scripted {
-                status: script.status,
-                headers: script.headers.into_iter().collect(),
-                body,
-            });
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(response) => response,
-    }
+async fn script(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let script: ScriptBody = parse(&body)?;
+    let body = match script.body {
+        Value::String(text) => text,
+        other => other.to_string(),
+    };
+    shared.push_script(Scripted {
+        status: script.status,
+        headers: script.headers.into_iter().collect(),
+        body,
+    });
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,25 +170,30 @@ struct TruncateBody {
 }
 
 /// `POST /__mock/truncate` with `{on}`: cut SSE streams after their first content chunk.
-async fn truncate(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    match parse::<TruncateBody>(&body) {
-        Ok(body) => {
-            shared.set_truncate_streams(body.on);
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(response) => response,
+async fn truncate(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: TruncateBody = parse(&body)?;
+    shared.set_truncate_streams(body.on);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// An admin body that does not say what it should; answered 400 in OpenAI's error shape.
+#[derive(Debug)]
+struct BadAdminRequest(String);
+
+impl IntoResponse for BadAdminRequest {
+    fn into_response(self) -> Response {
+        openai_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &self.0,
+            None,
+        )
     }
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|error| bad_request(&format!("Invalid body: {error}.")))
-}
-
-fn bad_request(message: &str) -> Response {
-    openai_error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        message,
-        None,
-    )
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, BadAdminRequest> {
+    serde_json::from_slice(body).map_err(|error| BadAdminRequest(format!("Invalid body: {error}.")))
 }

@@ -3,13 +3,13 @@
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/embeddings`, `/v1/models`), answered deterministically from the request body so that
-//! identical requests get identical content and different requests differ ([`openai`]). The
+//! identical requests get identical content and different requests differ (`openai.rs`). The
 //! ledger of billable calls: every call is counted and recorded on arrival, before anything can
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
 //! turns to provoke the gateway: hold every call until released, inject failures, answer from a
 //! FIFO of scripted responses, add latency, cut streams short. The same knobs are exposed over
-//! HTTP under `/__mock/*` for the `mock-upstream` binary ([`http`]).
+//! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
 //! It deliberately does not model tokenizers, tool calls, rate limits or authentication: the
 //! gateway forwards those untouched, so the mock only has to make them observable.

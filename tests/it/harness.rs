@@ -1,1 +1,258 @@
+//! Starts corral in-process on 127.0.0.1:0 in front of the shipped mock
+//! provider, and sends it real HTTP. Waits are on events (a bound listener, the
+//! flights' waiter count, the mock's call counter), never on sleeps.
 
+#![allow(dead_code)]
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use corral::{
+    AppState, Config,
+    clock::ManualClock,
+    mock::{MockProvider, MockSettings},
+};
+use reqwest::{StatusCode, header::HeaderMap};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// Bound on every wait in a test: generous, so a loaded machine does not fail
+/// a correct run, and finite, so a broken one fails instead of hanging.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub struct TestGateway {
+    pub url: String,
+    pub state: Arc<AppState>,
+    pub provider: MockProvider,
+    pub clock: Arc<ManualClock>,
+    pub client: reqwest::Client,
+    _stop: DropGuard,
+}
+
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|err| panic!("body is not JSON ({err}): {:?}", self.body))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn cache(&self) -> &str {
+        self.header("x-corral-cache").unwrap_or("-")
+    }
+}
+
+impl TestGateway {
+    pub async fn start(adjust: impl FnOnce(&mut Config)) -> Self {
+        let provider = MockProvider::start(MockSettings::default())
+            .await
+            .expect("mock provider starts");
+        Self::start_with(provider, adjust).await
+    }
+
+    pub async fn start_with(provider: MockProvider, adjust: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::for_tests(&provider.base_url());
+        adjust(&mut config);
+        config.validate().expect("test config is valid");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let state =
+            Arc::new(AppState::build_with_clock(config, clock.clone()).expect("state builds"));
+        let stop = CancellationToken::new();
+        tokio::spawn(corral::serve(
+            listener,
+            state.clone(),
+            stop.clone().cancelled_owned(),
+        ));
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(2048)
+            .timeout(WAIT)
+            .build()
+            .unwrap();
+        Self {
+            url,
+            state,
+            provider,
+            clock,
+            client,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.post_with(path, body, &[]).await
+    }
+
+    pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+        self.clone_handle().post_with(path, body, headers).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        self.clone_handle().post_raw(path, body, headers).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("request reaches corral");
+        Reply {
+            status: response.status(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("body arrives"),
+        }
+    }
+
+    /// Resolves once at least `n` callers wait on flights.
+    pub async fn wait_for_waiters(&self, n: usize) {
+        let mut waiters = self.state.coalescer.flights().waiters();
+        tokio::time::timeout(WAIT, waiters.wait_for(|count| *count >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} waiters never gathered"))
+            .expect("flights outlive the test");
+    }
+
+    /// Resolves once at most `n` callers wait on flights (others have left).
+    pub async fn wait_for_waiters_at_most(&self, n: usize) {
+        let mut waiters = self.state.coalescer.flights().waiters();
+        tokio::time::timeout(WAIT, waiters.wait_for(|count| *count <= n))
+            .await
+            .unwrap_or_else(|_| panic!("waiters never dropped to {n}"))
+            .expect("flights outlive the test");
+    }
+
+    /// Resolves once the mock has received `n` billable calls.
+    pub async fn wait_for_calls(&self, n: u64) {
+        assert!(
+            self.provider.wait_for_calls(n, WAIT).await,
+            "the provider never saw {n} calls (saw {})",
+            self.provider.calls()
+        );
+    }
+
+    /// Resolves once no flight (including background refreshes) is running.
+    pub async fn wait_idle(&self) {
+        tokio::time::timeout(WAIT, self.state.coalescer.flights().idle())
+            .await
+            .expect("flights end");
+    }
+
+    /// `n` identical concurrent requests, released together once all of them
+    /// wait on the one flight, so exactly one is the owner.
+    pub async fn herd(
+        &self,
+        path: &str,
+        body: &Value,
+        n: usize,
+        headers: &[(&str, &str)],
+    ) -> Vec<Reply> {
+        self.provider.hold();
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let client = self.clone_handle();
+                let body = body.clone();
+                let path = path.to_owned();
+                let headers: Vec<(String, String)> = headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
+                tokio::spawn(async move {
+                    let headers: Vec<(&str, &str)> = headers
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    client.post_with(&path, &body, &headers).await
+                })
+            })
+            .collect();
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        let mut replies = Vec::with_capacity(n);
+        for task in tasks {
+            replies.push(task.await.expect("request task"));
+        }
+        replies
+    }
+
+    /// A cheap handle for concurrent tasks: shares the client and address.
+    pub fn clone_handle(&self) -> Handle {
+        Handle {
+            url: self.url.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+/// What a spawned request task needs of the gateway.
+#[derive(Clone)]
+pub struct Handle {
+    url: String,
+    client: reqwest::Client,
+}
+
+impl Handle {
+    pub async fn post_with(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
+        self.post_raw(path, body.to_string(), headers).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("request reaches corral");
+        Reply {
+            status: response.status(),
+            headers: response.headers().clone(),
+            body: response.bytes().await.expect("body arrives"),
+        }
+    }
+}
+
+pub fn chat(content: &str) -> Value {
+    json!({
+        "model": "gpt-4o-mini",
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    })
+}
+
+pub fn embedding(input: &str) -> Value {
+    json!({"model": "text-embedding-3-small", "input": input})
+}
+
+pub fn completion(prompt: &str) -> Value {
+    json!({"model": "gpt-3.5-turbo-instruct", "temperature": 0, "prompt": prompt})
+}
+
+/// Counts replies by `x-corral-cache`.
+pub fn count_status(replies: &[Reply], status: &str) -> usize {
+    replies.iter().filter(|r| r.cache() == status).count()
+}
