@@ -17,7 +17,7 @@ use crate::{
     cache::StoredResponse,
     coalesce::{CacheStatus, Loaded, Loader, Served},
     error::GatewayError,
-    fingerprint::Endpoint,
+    fingerprint::{CacheKey, Endpoint},
     request::DedupRequest,
     state::AppState,
     upstream::Outbound,
@@ -91,7 +91,14 @@ pub async fn serve(
     let loader = upstream_loader(app.clone(), outbound, endpoint);
     let served = app
         .coalescer
-        .get_or_fetch(fingerprint, request.policy, loader)
+        .get_or_fetch(
+            CacheKey {
+                scope: request.scope.clone(),
+                fingerprint,
+            },
+            request.policy,
+            loader,
+        )
         .instrument(span.clone())
         .await;
     match served {

@@ -5,7 +5,7 @@
 //! output (the body's semantic fields, the endpoint, the upstream, the headers
 //! and query parameters providers read) and the tenant scope, and nothing else.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -44,7 +44,7 @@ impl Endpoint {
 /// Whose cache an entry belongs to: a hash of the caller's credential, or the
 /// one shared scope. Never the credential itself.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct TenantScope(String);
+pub struct TenantScope(Arc<str>);
 
 impl TenantScope {
     pub const GLOBAL: &'static str = "global";
@@ -58,14 +58,19 @@ impl TenantScope {
                     .chain_update(b"corral-tenant-v1\0")
                     .chain_update(token.as_bytes())
                     .finalize();
-                Self(format!("t{}", &hex::encode(digest)[..32]))
+                Self(format!("t{}", &hex::encode(digest)[..32]).into())
             }
-            None => Self("anonymous".to_owned()),
+            None => Self("anonymous".into()),
         }
     }
 
     pub fn global() -> Self {
-        Self(Self::GLOBAL.to_owned())
+        Self(Self::GLOBAL.into())
+    }
+
+    /// Rebuilds a scope read back from storage (a Redis entry's header).
+    pub fn from_stored(text: &str) -> Self {
+        Self(text.into())
     }
 
     pub fn as_str(&self) -> &str {
@@ -145,6 +150,14 @@ impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.hex())
     }
+}
+
+/// Where a response is stored: its fingerprint (which already covers the
+/// scope) and the scope itself, so stores can lay keys out per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub scope: TenantScope,
+    pub fingerprint: Fingerprint,
 }
 
 /// Everything a fingerprint is computed from.

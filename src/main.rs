@@ -15,6 +15,10 @@ struct Cli {
     /// YAML config file; when it does not exist, the embedded defaults are used.
     #[arg(long, default_value = "config.yaml")]
     config: PathBuf,
+    /// Ask the gateway at the configured `listen` address for `/healthz` and
+    /// exit 0 when it answers 200 (the container health check).
+    #[arg(long)]
+    healthcheck: bool,
 }
 
 #[tokio::main]
@@ -27,6 +31,9 @@ async fn main() -> anyhow::Result<()> {
     };
     let config = Config::load_from_process_env(&yaml)
         .with_context(|| format!("invalid configuration in {}", cli.config.display()))?;
+    if cli.healthcheck {
+        return healthcheck(config.listen).await;
+    }
     corral::telemetry::init(config.log.format);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -36,6 +43,26 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(%address, "corral listening");
     println!("corral listening on http://{address}");
     corral::serve(listener, state, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn healthcheck(listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    let host = if listen.ip().is_unspecified() {
+        std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), listen.port())
+    } else {
+        listen
+    };
+    let response = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(2))
+        .build()?
+        .get(format!("http://{host}/healthz"))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "healthz answered {}",
+        response.status()
+    );
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use moka::{Expiry, future::Cache};
 
 use super::{CacheStore, Entry};
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{CacheKey, Fingerprint};
 
 /// Bytes counted per entry beyond its body: headers, timeline, map overhead.
 const ENTRY_OVERHEAD_BYTES: u64 = 256;
@@ -64,12 +64,13 @@ impl MemoryStore {
 
 #[async_trait]
 impl CacheStore for MemoryStore {
-    async fn get(&self, fingerprint: &Fingerprint) -> Option<Arc<Entry>> {
-        self.cache.get(fingerprint).await
+    // Keyed by fingerprint alone: it already covers the scope.
+    async fn get(&self, key: &CacheKey) -> Option<Arc<Entry>> {
+        self.cache.get(&key.fingerprint).await
     }
 
-    async fn put(&self, fingerprint: Fingerprint, entry: Arc<Entry>) {
-        self.cache.insert(fingerprint, entry).await;
+    async fn put(&self, key: &CacheKey, entry: Arc<Entry>) {
+        self.cache.insert(key.fingerprint, entry).await;
     }
 
     fn entry_count(&self) -> Option<u64> {

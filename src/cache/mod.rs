@@ -13,7 +13,7 @@ use bytes::Bytes;
 pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::MemoryStore;
 
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::CacheKey;
 
 /// A complete upstream response, shared by every caller it answers: the body is
 /// reference-counted bytes, never copied per caller.
@@ -48,8 +48,8 @@ impl Entry {
 /// must never block the runtime.
 #[async_trait]
 pub trait CacheStore: Send + Sync + std::fmt::Debug {
-    async fn get(&self, fingerprint: &Fingerprint) -> Option<Arc<Entry>>;
-    async fn put(&self, fingerprint: Fingerprint, entry: Arc<Entry>);
+    async fn get(&self, key: &CacheKey) -> Option<Arc<Entry>>;
+    async fn put(&self, key: &CacheKey, entry: Arc<Entry>);
     /// Number of entries, where the store knows it cheaply.
     fn entry_count(&self) -> Option<u64>;
 }

@@ -16,7 +16,7 @@ use crate::{
     clock::Clock,
     config::CoalesceConfig,
     error::GatewayError,
-    fingerprint::Fingerprint,
+    fingerprint::CacheKey,
     request::CachePolicy,
 };
 
@@ -117,18 +117,19 @@ impl Coalescer {
     /// `fingerprint`. Every wait is bounded by `coalesce.wait_timeout`.
     pub async fn get_or_fetch(
         &self,
-        fingerprint: Fingerprint,
+        key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
     ) -> Result<Served, Arc<GatewayError>> {
+        let fingerprint = key.fingerprint;
         if policy.read
-            && let Some(entry) = self.cache.get(&fingerprint).await
+            && let Some(entry) = self.cache.get(&key).await
         {
             let now = self.clock.now_ms();
             match Freshness::of(&entry, now, policy.max_age) {
                 Freshness::Fresh => return Ok(served_from(&entry, CacheStatus::Hit, now)),
                 Freshness::Stale => {
-                    self.refresh_in_background(fingerprint, loader);
+                    self.refresh_in_background(key, loader);
                     return Ok(served_from(&entry, CacheStatus::Stale, now));
                 }
                 Freshness::Unusable => {}
@@ -139,7 +140,7 @@ impl Coalescer {
         for _ in 0..MAX_ELECTIONS {
             let (ticket, owner) = match self.flights.join(fingerprint, self.config.max_waiters)? {
                 Role::Owner(guard, ticket) => {
-                    self.spawn_flight(guard, policy, loader.clone());
+                    self.spawn_flight(guard, key.clone(), policy, loader.clone());
                     (ticket, true)
                 }
                 Role::Follower(ticket) => (ticket, false),
@@ -171,8 +172,8 @@ impl Coalescer {
     }
 
     /// Starts one refresh of a stale entry, unless a flight for it runs already.
-    fn refresh_in_background(&self, fingerprint: Fingerprint, loader: Loader) {
-        if let Some(guard) = self.flights.start_unattended(fingerprint) {
+    fn refresh_in_background(&self, key: CacheKey, loader: Loader) {
+        if let Some(guard) = self.flights.start_unattended(key.fingerprint) {
             let policy = CachePolicy {
                 read: true,
                 write: true,
@@ -180,21 +181,20 @@ impl Coalescer {
                 bypass: false,
                 revalidate: false,
             };
-            self.spawn_flight(guard, policy, loader);
+            self.spawn_flight(guard, key, policy, loader);
         }
     }
 
     /// Runs the flight on its own task, so the upstream call and the cache
     /// write finish even when the owner's client disconnects.
-    fn spawn_flight(&self, guard: FlightGuard, policy: CachePolicy, loader: Loader) {
+    fn spawn_flight(&self, guard: FlightGuard, key: CacheKey, policy: CachePolicy, loader: Loader) {
         let cache = self.cache.clone();
         let clock = self.clock.clone();
         let ttl = self.ttl;
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
         self.tasks.spawn(
             async move {
-                let outcome =
-                    run_flight(guard.fingerprint(), policy, loader, cache, clock, ttl).await;
+                let outcome = run_flight(&key, policy, loader, cache, clock, ttl).await;
                 guard.complete(outcome);
             }
             .instrument(span),
@@ -203,7 +203,7 @@ impl Coalescer {
 }
 
 async fn run_flight(
-    fingerprint: Fingerprint,
+    key: &CacheKey,
     policy: CachePolicy,
     loader: Loader,
     cache: Arc<dyn CacheStore>,
@@ -213,7 +213,7 @@ async fn run_flight(
     // Double-check: another flight may have stored a fresh answer between the
     // caller's cache read and this flight's start.
     if policy.read
-        && let Some(entry) = cache.get(&fingerprint).await
+        && let Some(entry) = cache.get(key).await
         && Freshness::of(&entry, clock.now_ms(), policy.max_age) == Freshness::Fresh
     {
         return Ok(Fetched {
@@ -235,7 +235,7 @@ async fn run_flight(
             hard_expires_at_ms: hard,
             compute_time: loaded.compute_time,
         };
-        cache.put(fingerprint, Arc::new(entry)).await;
+        cache.put(key, Arc::new(entry)).await;
     }
     Ok(Fetched {
         response,
