@@ -14,7 +14,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::{
-    cache::StoredResponse,
+    cache::{StoredResponse, Usage},
     coalesce::{CacheStatus, Loaded, Loader, Served},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
@@ -182,6 +182,7 @@ fn shared_response(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Stor
     StoredResponse {
         status,
         headers,
+        usage: Usage::from_body(&body),
         body,
     }
 }

@@ -89,6 +89,7 @@ mod tests {
                 status: StatusCode::OK,
                 headers: vec![],
                 body: Bytes::new(),
+                usage: None,
             }),
             stored_at_ms: stored,
             soft_expires_at_ms: soft,

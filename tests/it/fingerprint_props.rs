@@ -652,3 +652,42 @@ fn fingerprint_separates_numbers_that_differ_in_the_last_digit() {
         seed_fingerprint("1848205781038440.8")
     );
 }
+
+/// A bearer token that is not visible ASCII fails `HeaderValue::to_str`, so
+/// `DedupRequest::parse` treats its caller as anonymous, while the header itself
+/// is still forwarded upstream: two such callers, and every caller without a
+/// token, share one cache scope.
+#[test]
+#[ignore = "known bug in src/request.rs: a non-ASCII Authorization value falls into \
+            the anonymous scope"]
+fn fingerprint_separates_tenants_whose_token_is_not_ascii() {
+    use axum::http::{HeaderMap, HeaderValue, header};
+    use corral::{config::Config, request::DedupRequest, upstream::Routes};
+
+    let config = Config::for_tests("http://127.0.0.1:1/v1");
+    let routes = Routes::new(&config.upstreams);
+    let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+    let fingerprint = |token: Option<&[u8]>| {
+        let mut headers = HeaderMap::new();
+        if let Some(token) = token {
+            let value = HeaderValue::from_bytes(token).expect("obs-text is a valid header value");
+            headers.insert(header::AUTHORIZATION, value);
+        }
+        DedupRequest::parse(
+            Endpoint::ChatCompletions,
+            &headers,
+            None,
+            r#"{"model":"gpt-4o-mini","temperature":0,"messages":[]}"#.into(),
+            &routes,
+            &names,
+            &config.cache,
+        )
+        .expect("a valid request")
+        .fingerprint
+    };
+    let anonymous = fingerprint(None);
+    let a = fingerprint(Some(b"Bearer sk-\xffaaa"));
+    let b = fingerprint(Some(b"Bearer sk-\xfebbb"));
+    assert_ne!(a, b);
+    assert_ne!(a, anonymous);
+}
