@@ -53,6 +53,7 @@ impl Usage {
             completion_tokens: usage.completion_tokens.unwrap_or(0),
         })
     }
+}
 
 /// A stored response with its timeline, in the clock's milliseconds.
 #[derive(Debug, Clone)]
