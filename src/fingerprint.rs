@@ -49,14 +49,15 @@ pub struct TenantScope(Arc<str>);
 impl TenantScope {
     pub const GLOBAL: &'static str = "global";
 
-    /// Scope of a caller identified by `credential` (its bearer token); callers
-    /// without one share the anonymous scope.
-    pub fn of_credential(credential: Option<&str>) -> Self {
+    /// Scope of a caller identified by `credential` (its bearer token, as raw
+    /// bytes so a non-ASCII token is still its own tenant); callers without one
+    /// share the anonymous scope.
+    pub fn of_credential(credential: Option<&[u8]>) -> Self {
         match credential {
             Some(token) => {
                 let digest = Sha256::new()
                     .chain_update(b"corral-tenant-v1\0")
-                    .chain_update(token.as_bytes())
+                    .chain_update(token)
                     .finalize();
                 Self(format!("t{}", &hex::encode(digest)[..32]).into())
             }
@@ -299,11 +300,15 @@ fn write_number(out: &mut Vec<u8>, number: &serde_json::Number) {
     } else if let Some(n) = number.as_u64() {
         out.extend_from_slice(n.to_string().as_bytes());
     } else if let Some(f) = number.as_f64() {
-        // Integral floats within f64's exact range print as integers so they
-        // equal their integer spelling; the rest use the shortest round-trip form.
-        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
-        if f.fract() == 0.0 && f.abs() < EXACT {
+        // Integral floats print as integers so they equal their integer
+        // spelling (every f64 this large is integral); the rest use the
+        // shortest round-trip form.
+        const I64_END: f64 = 9_223_372_036_854_775_808.0; // 2^63
+        const U64_END: f64 = 18_446_744_073_709_551_616.0; // 2^64
+        if f.fract() == 0.0 && (-I64_END..I64_END).contains(&f) {
             out.extend_from_slice((f as i64).to_string().as_bytes());
+        } else if f.fract() == 0.0 && (0.0..U64_END).contains(&f) {
+            out.extend_from_slice((f as u64).to_string().as_bytes());
         } else {
             out.extend_from_slice(ryu::Buffer::new().format(f).as_bytes());
         }
@@ -428,9 +433,9 @@ mod tests {
 
     #[test]
     fn tenant_scope_hides_the_credential() {
-        let scope = TenantScope::of_credential(Some("sk-secret-key"));
+        let scope = TenantScope::of_credential(Some(b"sk-secret-key"));
         assert!(!scope.as_str().contains("sk-secret"));
-        assert_ne!(scope, TenantScope::of_credential(Some("sk-other")));
+        assert_ne!(scope, TenantScope::of_credential(Some(b"sk-other")));
         assert_ne!(scope, TenantScope::of_credential(None));
     }
 }

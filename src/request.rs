@@ -135,8 +135,7 @@ impl DedupRequest {
         let authorization = headers.get(header::AUTHORIZATION).cloned();
         let credential = authorization
             .as_ref()
-            .and_then(|value| value.to_str().ok())
-            .map(|value| value.strip_prefix("Bearer ").unwrap_or(value).trim());
+            .map(|value| bearer_token(value.as_bytes()));
         let scope = match cache.scope {
             CacheScope::Tenant => TenantScope::of_credential(credential),
             CacheScope::Global => TenantScope::global(),
@@ -195,6 +194,15 @@ impl DedupRequest {
             policy,
             deterministic,
         })
+    }
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else the whole value.
+fn bearer_token(value: &[u8]) -> &[u8] {
+    let value = value.trim_ascii();
+    match value.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
+        _ => value,
     }
 }
 
@@ -318,5 +326,9 @@ mod tests {
         let a = parse(&[("authorization", "Bearer sk-a")], None, BODY).fingerprint;
         let b = parse(&[("authorization", "Bearer sk-b")], None, BODY).fingerprint;
         assert_ne!(a, b);
+        assert_eq!(
+            a,
+            parse(&[("authorization", "bearer  sk-a")], None, BODY).fingerprint
+        );
     }
 }

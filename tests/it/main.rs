@@ -8,4 +8,5 @@ mod prompts_golden;
 mod bad_input;
 mod dedup;
 mod retry;
+mod sdk;
 mod swr;

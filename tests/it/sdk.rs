@@ -1,0 +1,204 @@
+//! The official OpenAI Python SDK, pointed at corral, completes a chat call, a
+//! repeat served from the cache, a streamed chat and an embeddings call, and
+//! raises `BadRequestError` for a request corral rejects.
+//!
+//! `cargo test` is the whole test command, so on a fresh machine this test
+//! installs the `openai` package itself, once, into the target directory. It
+//! fails rather than skips without python3: a skipped test would read as a
+//! passing one.
+
+use std::{
+    io::ErrorKind,
+    path::{Path, PathBuf},
+    process::{Output, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::harness::TestGateway;
+
+/// pip resolves and downloads a dozen packages; a slow index must not hang the run.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
+/// Five calls against loopback, each with a 20 s SDK timeout of its own.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The SDK's v1 interface (`OpenAI`, `with_raw_response`), which the script uses.
+const OPENAI_REQUIREMENT: &str = "openai>=1.40,<4";
+/// Exits 0 only if an importable `openai` satisfies [`OPENAI_REQUIREMENT`].
+const IMPORT_CHECK: &str = "import sys, openai\n\
+    major, minor = (int(part) for part in openai.__version__.split('.')[:2])\n\
+    sys.exit(0 if (1, 40) <= (major, minor) < (4, 0) else 1)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_sdk_works_through_corral() {
+    let python = Python::with_openai().await;
+    let gateway = TestGateway::start(|_| {}).await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/openai_check.py");
+    let mut command = python.command();
+    command
+        .arg(&script)
+        .arg(format!("{}/v1", gateway.url))
+        // The SDK (httpx) honours proxy variables; loopback must not go through one.
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the SDK script failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+        output.status
+    );
+    let results: Value = stdout
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .and_then(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
+    let context = format!("results: {results}\nstderr: {stderr}");
+
+    let chat = results["chat_content"].as_str().unwrap_or_default();
+    assert!(!chat.is_empty(), "chat content is empty; {context}");
+    assert_eq!(results["repeat_cache"], "HIT", "{context}");
+    assert_eq!(results["repeat_content"], chat, "{context}");
+    assert_eq!(results["stream_content"], chat, "{context}");
+    assert!(
+        results["embedding_len"].as_u64().is_some_and(|n| n > 0),
+        "{context}"
+    );
+    assert_eq!(results["bad_request_error"], "BadRequestError", "{context}");
+    assert_eq!(results["bad_request_status"], 400, "{context}");
+
+    // The repeat was served from the cache and the rejected request never left
+    // corral: one chat, one stream, one embeddings call upstream.
+    let paths: Vec<String> = gateway
+        .provider
+        .requests()
+        .into_iter()
+        .map(|request| request.path)
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions",
+            "/v1/chat/completions",
+            "/v1/embeddings"
+        ],
+        "{context}"
+    );
+    assert_eq!(gateway.provider.calls(), 3);
+    let streamed = gateway.provider.requests()[1].json().unwrap_or_default();
+    assert_eq!(streamed["stream"], true, "the second upstream call streams");
+}
+
+/// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
+struct Python {
+    pythonpath: Option<PathBuf>,
+}
+
+impl Python {
+    /// The system's `openai` if it has one; else the one installed under the
+    /// target directory by an earlier run; else installs it there now.
+    async fn with_openai() -> Self {
+        let system = Self { pythonpath: None };
+        if system.imports_openai().await {
+            return system;
+        }
+        let deps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps");
+        let installed = Self {
+            pythonpath: Some(deps.clone()),
+        };
+        if deps.is_dir() && installed.imports_openai().await {
+            return installed;
+        }
+        install_openai(&deps).await;
+        assert!(
+            installed.imports_openai().await,
+            "installed {OPENAI_REQUIREMENT} into {} but python3 cannot import it",
+            deps.display()
+        );
+        installed
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new("python3");
+        if let Some(path) = &self.pythonpath {
+            command.env("PYTHONPATH", path);
+        }
+        command
+    }
+
+    async fn imports_openai(&self) -> bool {
+        let mut command = self.command();
+        command.args(["-c", IMPORT_CHECK]);
+        run(command, SCRIPT_TIMEOUT, "the openai import check")
+            .await
+            .status
+            .success()
+    }
+}
+
+/// Installs the SDK into a fresh staging directory and moves it into place
+/// only once pip succeeded. pip `--target` skips packages already present in
+/// its target, so a run killed mid-install must not leave a half-filled `deps`
+/// that later runs would keep failing on.
+async fn install_openai(deps: &Path) {
+    let staging = deps.with_extension(format!("partial-{}", std::process::id()));
+    remove_dir(&staging);
+    let mut command = Command::new("python3");
+    command
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--target",
+        ])
+        .arg(&staging)
+        .arg(OPENAI_REQUIREMENT);
+    let output = run(command, INSTALL_TIMEOUT, "pip install").await;
+    assert!(
+        output.status.success(),
+        "`python3 -m pip install {OPENAI_REQUIREMENT}` failed ({}); the SDK test needs pip \
+         and access to PyPI (e.g. apt-get install python3-pip):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    remove_dir(deps);
+    std::fs::rename(&staging, deps)
+        .unwrap_or_else(|err| panic!("moving {} to {}: {err}", staging.display(), deps.display()));
+}
+
+fn remove_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == ErrorKind::NotFound => {}
+        Err(err) => panic!("removing {}: {err}", dir.display()),
+    }
+}
+
+/// Runs `command` to completion within `timeout`, killing it on expiry (the
+/// dropped child is killed by `kill_on_drop`).
+async fn run(mut command: Command, timeout: Duration, what: &str) -> Output {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = command.spawn().unwrap_or_else(|err| {
+        if err.kind() == ErrorKind::NotFound {
+            panic!(
+                "python3 is not on PATH; the OpenAI SDK test needs Python 3 with pip \
+                 (e.g. apt-get install python3 python3-pip)"
+            )
+        }
+        panic!("starting {what}: {err}")
+    });
+    tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {timeout:?}"))
+        .unwrap_or_else(|err| panic!("waiting for {what}: {err}"))
+}
