@@ -81,6 +81,76 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// Absent: the embedded in-memory mode (one instance, local singleflight).
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
+}
+
+/// The shared L2 cache, cluster-wide owner lock and completion announcements.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// A single Redis (`redis://host:port`), or the first node of a cluster.
+    pub url: Option<String>,
+    /// Redis Cluster seed nodes; setting them (or `cluster: true`) selects cluster mode.
+    pub nodes: Vec<String>,
+    pub cluster: bool,
+    /// Prefix of every key corral writes.
+    pub key_prefix: String,
+    /// Application deadline of each Redis operation: past it, the request
+    /// degrades to local singleflight + L1 instead of waiting.
+    #[serde(with = "humantime_serde")]
+    pub op_timeout: Duration,
+    /// Lease of the cluster owner lock; the owner extends it every third of it
+    /// while the upstream call runs, so a slow provider never lets a second owner in.
+    #[serde(with = "humantime_serde")]
+    pub lock_ttl: Duration,
+    /// Upper bound of a remote follower's backstop poll (announcements can be lost).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Lifetime of the in-process L1 copy of a Redis entry.
+    #[serde(with = "humantime_serde")]
+    pub l1_ttl: Duration,
+    /// Consecutive Redis failures that open the breaker (Redis skipped entirely).
+    pub breaker_failures: u32,
+    /// How long the breaker stays open before one probe is let through.
+    #[serde(with = "humantime_serde")]
+    pub breaker_cool_down: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            nodes: Vec::new(),
+            cluster: false,
+            key_prefix: "corral".to_owned(),
+            op_timeout: Duration::from_millis(150),
+            lock_ttl: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(500),
+            l1_ttl: Duration::from_secs(5),
+            breaker_failures: 3,
+            breaker_cool_down: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The node URLs to connect to, the single URL first.
+    pub fn node_urls(&self) -> Vec<String> {
+        let mut urls: Vec<String> = self.url.iter().cloned().collect();
+        urls.extend(
+            self.nodes
+                .iter()
+                .filter(|n| Some(*n) != self.url.as_ref())
+                .cloned(),
+        );
+        urls
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.cluster || !self.nodes.is_empty()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -132,6 +202,14 @@ pub struct CacheConfig {
     pub scope: CacheScope,
     /// Opt-in normalization level: fold message text to lower case before hashing.
     pub case_fold: bool,
+    /// How long a failed upstream call is remembered (negative caching), so
+    /// followers everywhere get the error at once and a failing provider is
+    /// not hammered by each replica in turn. Zero disables it.
+    #[serde(with = "humantime_serde")]
+    pub error_ttl: Duration,
+    /// XFetch: refresh early with probability `exp(-(soft_expiry - now) / (delta * beta))`,
+    /// delta being the upstream compute time. 0 disables early refresh.
+    pub early_refresh_beta: f64,
 }
 
 impl Default for CacheConfig {
@@ -145,6 +223,8 @@ impl Default for CacheConfig {
             sampled: false,
             scope: CacheScope::Tenant,
             case_fold: false,
+            error_ttl: Duration::from_secs(5),
+            early_refresh_beta: 1.0,
         }
     }
 }
@@ -343,6 +423,44 @@ impl Config {
         }
         if cache.max_entries == Some(0) || cache.max_bytes == Some(0) {
             return Err(ConfigError::key("cache.max_entries", "must be above zero"));
+        }
+        if !(cache.early_refresh_beta.is_finite() && cache.early_refresh_beta >= 0.0) {
+            return Err(ConfigError::key(
+                "cache.early_refresh_beta",
+                "must be a number >= 0 (0 disables early refresh)",
+            ));
+        }
+        if let Some(redis) = &self.redis {
+            let urls = redis.node_urls();
+            if urls.is_empty() {
+                return Err(ConfigError::key(
+                    "redis.url",
+                    "set redis.url or redis.nodes",
+                ));
+            }
+            for url in &urls {
+                ::redis::parse_redis_url(url).ok_or_else(|| {
+                    ConfigError::key("redis.url", format!("`{url}` is not a redis:// URL"))
+                })?;
+            }
+            if redis.op_timeout.is_zero() {
+                return Err(ConfigError::key("redis.op_timeout", "must be above zero"));
+            }
+            if redis.lock_ttl < Duration::from_millis(300) {
+                return Err(ConfigError::key("redis.lock_ttl", "must be at least 300ms"));
+            }
+            if redis.poll_interval.is_zero() {
+                return Err(ConfigError::key(
+                    "redis.poll_interval",
+                    "must be above zero",
+                ));
+            }
+            if redis.breaker_failures == 0 {
+                return Err(ConfigError::key(
+                    "redis.breaker_failures",
+                    "must be at least 1",
+                ));
+            }
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::key("retry.max_attempts", "must be at least 1"));

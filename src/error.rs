@@ -120,10 +120,17 @@ impl GatewayError {
     /// Builds the response without consuming the error: one failed flight is
     /// relayed to every caller that waited on it.
     pub fn to_response(&self) -> Response {
-        let (status, kind, code) = self.status_type_code();
+        let (status, headers, body) = self.parts();
         if status.is_server_error() {
             tracing::warn!(error = %self, source = ?std::error::Error::source(self), "request failed");
         }
+        (status, headers, body).into_response()
+    }
+
+    /// Status, headers and body of the error response, synchronously: a
+    /// flight's error is also recorded in Redis for followers on other instances.
+    pub fn parts(&self) -> (StatusCode, HeaderMap, Bytes) {
+        let (status, kind, code) = self.status_type_code();
         let mut headers = HeaderMap::new();
         let body = match self {
             Self::Upstream {
@@ -161,7 +168,7 @@ impl GatewayError {
                 )
             }
         };
-        (status, headers, body).into_response()
+        (status, headers, body)
     }
 }
 

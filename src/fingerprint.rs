@@ -136,6 +136,13 @@ impl Fingerprint {
         hex::encode(self.0)
     }
 
+    /// Parses the hex form (as announced over pub/sub).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Self(bytes))
+    }
+
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }

@@ -2,8 +2,10 @@
 //! into one upstream call. See ARCHITECTURE.md for the request's path.
 
 pub mod api;
+pub mod breaker;
 pub mod cache;
 pub mod clock;
+pub mod cluster;
 pub mod coalesce;
 pub mod config;
 pub mod dedup;

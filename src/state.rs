@@ -3,12 +3,16 @@
 
 use std::sync::Arc;
 
-use tokio_util::task::TaskTracker;
+use tokio_util::{
+    sync::{CancellationToken, DropGuard},
+    task::TaskTracker,
+};
 
 use crate::{
-    cache::{CacheStore, MemoryStore, TtlPolicy},
+    cache::{CacheStore, MemoryStore, TieredStore, TtlPolicy},
     clock::{Clock, SystemClock},
-    coalesce::Coalescer,
+    cluster::Cluster,
+    coalesce::{Coalescer, FlightContext},
     config::Config,
     upstream::{Routes, Upstream},
 };
@@ -23,8 +27,12 @@ pub struct AppState {
     pub coalescer: Coalescer,
     pub upstream: Upstream,
     pub clock: Arc<dyn Clock>,
+    /// Redis coordination, when configured.
+    pub cluster: Option<Arc<Cluster>>,
     /// Detached work (flights, refreshes) that shutdown waits for.
     pub tasks: TaskTracker,
+    /// Stops the background loops (Redis subscriber, prober) with the state.
+    _background: DropGuard,
 }
 
 impl AppState {
@@ -34,10 +42,24 @@ impl AppState {
 
     /// As `build`, with the clock cache freshness is judged by (tests move it by hand).
     pub fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
-        let cache: Arc<dyn CacheStore> = Arc::new(MemoryStore::new(
-            config.cache.max_entries,
-            config.cache.max_bytes,
-        ));
+        let background = CancellationToken::new();
+        let cluster = config
+            .redis
+            .as_ref()
+            .map(|redis| Cluster::start(redis, background.clone()));
+        let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
+            (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
+                config.cache.max_entries,
+                config.cache.max_bytes,
+                redis.l1_ttl,
+                cluster.clone(),
+                clock.clone(),
+            )),
+            _ => Arc::new(MemoryStore::new(
+                config.cache.max_entries,
+                config.cache.max_bytes,
+            )),
+        };
         let ttl = TtlPolicy {
             soft_ttl: config.cache.soft_ttl,
             hard_ttl: config.cache.hard_ttl,
@@ -45,9 +67,15 @@ impl AppState {
         };
         let tasks = TaskTracker::new();
         let coalescer = Coalescer::new(
-            cache.clone(),
-            clock.clone(),
-            ttl,
+            FlightContext {
+                cache: cache.clone(),
+                clock: clock.clone(),
+                ttl,
+                cluster: cluster.clone(),
+                error_ttl: config.cache.error_ttl,
+                early_refresh_beta: config.cache.early_refresh_beta,
+                wait_timeout: config.coalesce.wait_timeout,
+            },
             config.coalesce.clone(),
             tasks.clone(),
         );
@@ -57,9 +85,11 @@ impl AppState {
             upstream: Upstream::new(&config)?,
             cache,
             coalescer,
+            cluster,
             clock,
             tasks,
             config,
+            _background: background.drop_guard(),
         })
     }
 }

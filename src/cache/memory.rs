@@ -18,8 +18,10 @@ pub struct MemoryStore {
     cache: Cache<Fingerprint, Arc<Entry>>,
 }
 
-/// Evicts an entry once its hard TTL has passed.
-struct HardExpiry;
+/// Evicts an entry once its hard TTL has passed (or `max_ttl`, for an L1 copy).
+struct HardExpiry {
+    max_ttl: Option<Duration>,
+}
 
 impl Expiry<Fingerprint, Arc<Entry>> for HardExpiry {
     fn expire_after_create(
@@ -28,9 +30,9 @@ impl Expiry<Fingerprint, Arc<Entry>> for HardExpiry {
         entry: &Arc<Entry>,
         _created_at: Instant,
     ) -> Option<Duration> {
-        Some(Duration::from_millis(
-            entry.hard_expires_at_ms.saturating_sub(entry.stored_at_ms),
-        ))
+        let hard =
+            Duration::from_millis(entry.hard_expires_at_ms.saturating_sub(entry.stored_at_ms));
+        Some(self.max_ttl.map_or(hard, |cap| hard.min(cap)))
     }
 
     fn expire_after_update(
@@ -47,7 +49,16 @@ impl Expiry<Fingerprint, Arc<Entry>> for HardExpiry {
 impl MemoryStore {
     /// Bounded by `max_bytes` (body sizes) when given, else by `max_entries`.
     pub fn new(max_entries: Option<u64>, max_bytes: Option<u64>) -> Self {
-        let builder = Cache::builder().expire_after(HardExpiry);
+        Self::with_max_ttl(max_entries, max_bytes, None)
+    }
+
+    /// As `new`, evicting every entry after `max_ttl` at the latest.
+    pub fn with_max_ttl(
+        max_entries: Option<u64>,
+        max_bytes: Option<u64>,
+        max_ttl: Option<Duration>,
+    ) -> Self {
+        let builder = Cache::builder().expire_after(HardExpiry { max_ttl });
         let cache = match max_bytes {
             Some(max_bytes) => builder
                 .weigher(|_key, entry: &Arc<Entry>| {

@@ -1,8 +1,10 @@
 //! The response cache: what an [`Entry`] holds, and the [`CacheStore`] trait the
 //! in-memory store (and the Redis store beside it) implement.
 
+pub mod codec;
 mod freshness;
 mod memory;
+mod tiered;
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,6 +14,7 @@ use bytes::Bytes;
 
 pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::MemoryStore;
+pub use tiered::TieredStore;
 
 use crate::fingerprint::CacheKey;
 

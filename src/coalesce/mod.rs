@@ -2,18 +2,21 @@
 //! that decides whether a caller is answered from the cache, shares another
 //! caller's upstream call, or makes its own.
 
+mod cluster;
 mod flight;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
+use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub use flight::{FlightGuard, Flights, Outcome, Role, Waited, WaiterTicket};
 
 use crate::{
-    cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy},
+    cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, should_refresh_early},
     clock::Clock,
+    cluster::Cluster,
     config::CoalesceConfig,
     error::GatewayError,
     fingerprint::CacheKey,
@@ -45,8 +48,18 @@ pub struct Fetched {
     pub response: Arc<StoredResponse>,
     /// The answer was written to the cache.
     pub stored: bool,
+    pub source: Source,
+}
+
+/// Where a flight's answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// This instance's upstream call.
+    Upstream,
     /// The owner's double-check found a fresh entry; no upstream call was made.
-    pub from_cache: bool,
+    Cache,
+    /// Another instance's flight, through Redis.
+    OtherInstance,
 }
 
 /// How a caller was served; becomes `x-corral-cache` and `Cache-Status`.
@@ -84,26 +97,31 @@ pub struct Served {
 #[derive(Debug)]
 pub struct Coalescer {
     flights: Flights,
-    cache: Arc<dyn CacheStore>,
-    clock: Arc<dyn Clock>,
-    ttl: TtlPolicy,
+    context: Arc<FlightContext>,
     config: CoalesceConfig,
     tasks: TaskTracker,
 }
 
+/// What a detached flight needs, shared by every flight.
+#[derive(Debug)]
+pub struct FlightContext {
+    pub cache: Arc<dyn CacheStore>,
+    pub clock: Arc<dyn Clock>,
+    pub ttl: TtlPolicy,
+    /// Redis, when configured: cluster-wide owner election and fan-out.
+    pub cluster: Option<Arc<Cluster>>,
+    /// Negative caching of failed flights, cluster-wide.
+    pub error_ttl: Duration,
+    /// XFetch's beta; 0 disables early refresh.
+    pub early_refresh_beta: f64,
+    pub wait_timeout: Duration,
+}
+
 impl Coalescer {
-    pub fn new(
-        cache: Arc<dyn CacheStore>,
-        clock: Arc<dyn Clock>,
-        ttl: TtlPolicy,
-        config: CoalesceConfig,
-        tasks: TaskTracker,
-    ) -> Self {
+    pub fn new(context: FlightContext, config: CoalesceConfig, tasks: TaskTracker) -> Self {
         Self {
             flights: Flights::default(),
-            cache,
-            clock,
-            ttl,
+            context: Arc::new(context),
             config,
             tasks,
         }
@@ -123,11 +141,18 @@ impl Coalescer {
     ) -> Result<Served, Arc<GatewayError>> {
         let fingerprint = key.fingerprint;
         if policy.read
-            && let Some(entry) = self.cache.get(&key).await
+            && let Some(entry) = self.context.cache.get(&key).await
         {
-            let now = self.clock.now_ms();
+            let now = self.context.clock.now_ms();
             match Freshness::of(&entry, now, policy.max_age) {
-                Freshness::Fresh => return Ok(served_from(&entry, CacheStatus::Hit, now)),
+                Freshness::Fresh => {
+                    // XFetch: near the soft expiry, refresh early with rising probability.
+                    let beta = self.context.early_refresh_beta;
+                    if should_refresh_early(&entry, now, beta, rand::rng().random_range(0.0..1.0)) {
+                        self.refresh_in_background(key, loader);
+                    }
+                    return Ok(served_from(&entry, CacheStatus::Hit, now));
+                }
                 Freshness::Stale => {
                     self.refresh_in_background(key, loader);
                     return Ok(served_from(&entry, CacheStatus::Stale, now));
@@ -147,10 +172,12 @@ impl Coalescer {
             };
             match ticket.wait(deadline).await {
                 Waited::Done(Ok(fetched)) => {
-                    let status = match (owner, fetched.from_cache) {
-                        (_, true) => CacheStatus::Hit,
-                        (true, false) => CacheStatus::Miss,
-                        (false, false) => CacheStatus::Coalesced,
+                    let status = match (owner, fetched.source) {
+                        (_, Source::Cache) => CacheStatus::Hit,
+                        (true, Source::Upstream) => CacheStatus::Miss,
+                        (false, Source::Upstream) | (_, Source::OtherInstance) => {
+                            CacheStatus::Coalesced
+                        }
                     };
                     return Ok(Served {
                         response: fetched.response,
@@ -188,13 +215,11 @@ impl Coalescer {
     /// Runs the flight on its own task, so the upstream call and the cache
     /// write finish even when the owner's client disconnects.
     fn spawn_flight(&self, guard: FlightGuard, key: CacheKey, policy: CachePolicy, loader: Loader) {
-        let cache = self.cache.clone();
-        let clock = self.clock.clone();
-        let ttl = self.ttl;
+        let context = self.context.clone();
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
         self.tasks.spawn(
             async move {
-                let outcome = run_flight(&key, policy, loader, cache, clock, ttl).await;
+                let outcome = run_flight(&context, &key, policy, loader).await;
                 guard.complete(outcome);
             }
             .instrument(span),
@@ -203,31 +228,54 @@ impl Coalescer {
 }
 
 async fn run_flight(
+    context: &FlightContext,
     key: &CacheKey,
     policy: CachePolicy,
     loader: Loader,
-    cache: Arc<dyn CacheStore>,
-    clock: Arc<dyn Clock>,
-    ttl: TtlPolicy,
 ) -> Outcome {
     // Double-check: another flight may have stored a fresh answer between the
     // caller's cache read and this flight's start.
     if policy.read
-        && let Some(entry) = cache.get(key).await
-        && Freshness::of(&entry, clock.now_ms(), policy.max_age) == Freshness::Fresh
+        && let Some(entry) = fresh_entry(context, key, policy).await
     {
         return Ok(Fetched {
             response: entry.response.clone(),
             stored: false,
-            from_cache: true,
+            source: Source::Cache,
         });
     }
+    if let Some(cluster) = &context.cluster
+        && let Some(outcome) = cluster::cluster_flight(context, cluster, key, policy, &loader).await
+    {
+        return outcome;
+    }
+    // No Redis, or Redis unavailable: this instance's flight is the only one we can share.
+    load_and_store(context, key, policy, &loader).await
+}
+
+async fn fresh_entry(
+    context: &FlightContext,
+    key: &CacheKey,
+    policy: CachePolicy,
+) -> Option<Arc<Entry>> {
+    let entry = context.cache.get(key).await?;
+    (Freshness::of(&entry, context.clock.now_ms(), policy.max_age) == Freshness::Fresh)
+        .then_some(entry)
+}
+
+/// Calls upstream and stores a complete answer the policy allows storing.
+async fn load_and_store(
+    context: &FlightContext,
+    key: &CacheKey,
+    policy: CachePolicy,
+    loader: &Loader,
+) -> Outcome {
     let loaded = loader().await.map_err(Arc::new)?;
     let response = Arc::new(loaded.response);
     let stored = policy.write && loaded.cacheable;
     if stored {
-        let now = clock.now_ms();
-        let (soft, hard) = ttl.expiries(now, &mut rand::rng());
+        let now = context.clock.now_ms();
+        let (soft, hard) = context.ttl.expiries(now, &mut rand::rng());
         let entry = Entry {
             response: response.clone(),
             stored_at_ms: now,
@@ -235,12 +283,12 @@ async fn run_flight(
             hard_expires_at_ms: hard,
             compute_time: loaded.compute_time,
         };
-        cache.put(key, Arc::new(entry)).await;
+        context.cache.put(key, Arc::new(entry)).await;
     }
     Ok(Fetched {
         response,
         stored,
-        from_cache: false,
+        source: Source::Upstream,
     })
 }
 

@@ -1,0 +1,519 @@
+//! Cluster-wide coordination through Redis: the shared L2 cache, the owner
+//! lock (`SET NX PX` + token, compare-and-delete, compare-and-extend), flight
+//! records for followers on other instances, and completion announcements.
+//!
+//! Every operation runs under a short application deadline (`redis.op_timeout`)
+//! and a breaker: when Redis is slow or gone, callers get `Unavailable` at
+//! once and degrade to local singleflight + L1. Redis is an optimisation here,
+//! never a dependency of an answer.
+
+mod announce;
+mod connection;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use rand::Rng;
+use redis::{AsyncCommands, Script};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use announce::Interest;
+use announce::{Dispatch, run_subscriber};
+use connection::LazyConn;
+
+use crate::{
+    breaker::{Breaker, BreakerState},
+    cache::{
+        Entry,
+        codec::{self, FlightRecord},
+    },
+    config::RedisConfig,
+    fingerprint::CacheKey,
+};
+
+/// Takes the lock unless held; returns the holder's token when held.
+const TRY_LOCK: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then return current end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+";
+/// Deletes the lock only if we still hold it: never another owner's lease.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+/// Extends the lease only if we still hold it.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+";
+
+/// How long a successful flight's record stays readable for followers.
+const SUCCESS_RECORD_TTL: Duration = Duration::from_secs(10);
+
+/// Redis could not be used for this operation (down, slow, or breaker open).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("redis unavailable")]
+pub struct Unavailable;
+
+/// A held owner lock.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub key: CacheKey,
+    pub token: String,
+}
+
+pub enum LockAttempt {
+    Acquired(Lease),
+    /// Another owner holds it, with this token.
+    Held(String),
+}
+
+/// How a remote follow ended.
+pub enum Follow {
+    /// The owner's record.
+    Done(FlightRecord),
+    /// No owner and no record: contend for the lock again.
+    Vacant,
+    Unavailable,
+    TimedOut,
+}
+
+/// The Redis key layout; every key of one fingerprint carries the hash tag
+/// `{fp}`, so its entry, lock and record live in one cluster slot.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    fn key(&self, key: &CacheKey, kind: &str) -> String {
+        format!(
+            "{}:v1:{}:{kind}:{{{}}}",
+            self.prefix,
+            key.scope.as_str(),
+            key.fingerprint.hex()
+        )
+    }
+
+    pub fn entry(&self, key: &CacheKey) -> String {
+        self.key(key, "resp")
+    }
+
+    pub fn lock(&self, key: &CacheKey) -> String {
+        self.key(key, "lock")
+    }
+
+    pub fn record(&self, key: &CacheKey) -> String {
+        self.key(key, "flight")
+    }
+
+    pub fn channel(&self) -> String {
+        format!("{}:v1:done", self.prefix)
+    }
+}
+
+#[derive(Debug)]
+pub struct Cluster {
+    conn: LazyConn,
+    config: RedisConfig,
+    keys: Keys,
+    breaker: Breaker,
+    dispatch: Arc<Dispatch>,
+    /// Unique per process, so lock tokens of two instances never collide.
+    instance: String,
+    errors: AtomicU64,
+    rejected_values: AtomicU64,
+}
+
+impl Cluster {
+    /// Builds the client (no connection yet) and starts the announcement
+    /// subscriber and the recovery prober, which run until `stop`.
+    pub fn start(config: &RedisConfig, stop: CancellationToken) -> Arc<Self> {
+        let dispatch = Arc::new(Dispatch::default());
+        let cluster = Arc::new(Self {
+            conn: LazyConn::new(config.clone()),
+            config: config.clone(),
+            keys: Keys::new(&config.key_prefix),
+            breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
+            dispatch: dispatch.clone(),
+            instance: format!("{:016x}", rand::rng().random::<u64>()),
+            errors: AtomicU64::new(0),
+            rejected_values: AtomicU64::new(0),
+        });
+        tokio::spawn(run_subscriber(
+            config.node_urls()[0].clone(),
+            cluster.keys.channel(),
+            dispatch,
+            config.op_timeout,
+            stop.clone(),
+        ));
+        tokio::spawn(probe_while_open(Arc::downgrade(&cluster), stop));
+        cluster
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    pub fn subscribed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.dispatch.subscribed()
+    }
+
+    /// Redis operations that failed or timed out since start.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Values read from Redis that did not match their key (never served).
+    pub fn rejected_values(&self) -> u64 {
+        self.rejected_values.load(Ordering::Relaxed)
+    }
+
+    pub fn status(&self) -> &'static str {
+        match self.breaker.state() {
+            BreakerState::Closed => "up",
+            BreakerState::Open | BreakerState::HalfOpen => "degraded",
+        }
+    }
+
+    /// Runs one Redis operation under the breaker and the op deadline.
+    async fn run<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T, Unavailable>
+    where
+        F: FnOnce(connection::Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        if !self.breaker.allow() {
+            return Err(Unavailable);
+        }
+        let result = tokio::time::timeout(self.config.op_timeout, async {
+            let conn = self.conn.get().await?;
+            op(conn).await
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => {
+                self.breaker.record_success();
+                Ok(value)
+            }
+            Ok(Err(err)) if !is_connectivity(&err) => {
+                // Redis answered (OOM, a script error): it is up, this write is skipped.
+                self.breaker.record_success();
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(op = what, error = %err, "redis refused an operation; continuing without it");
+                Err(Unavailable)
+            }
+            failed => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                let reason = match failed {
+                    Ok(Err(err)) => err.to_string(),
+                    _ => format!("no answer within {:?}", self.config.op_timeout),
+                };
+                if self.breaker.record_failure() {
+                    tracing::warn!(op = what, %reason, "redis breaker opened; serving from local singleflight and L1");
+                } else {
+                    tracing::debug!(op = what, %reason, "redis operation failed");
+                }
+                Err(Unavailable)
+            }
+        }
+    }
+
+    pub async fn get_entry(&self, key: &CacheKey) -> Result<Option<Entry>, Unavailable> {
+        let name = self.keys.entry(key);
+        let bytes: Option<Vec<u8>> = self
+            .run("get entry", |mut conn| async move { conn.get(name).await })
+            .await?;
+        Ok(bytes.and_then(|bytes| match codec::decode_entry(&bytes, key) {
+            Ok(entry) => Some(entry),
+            Err(err) => {
+                self.rejected_values.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %err, "rejected a cache value that does not match its key");
+                None
+            }
+        }))
+    }
+
+    /// Stores an entry; its Redis expiry is its hard TTL, measured from now.
+    pub async fn put_entry(
+        &self,
+        key: &CacheKey,
+        entry: &Entry,
+        now_ms: u64,
+    ) -> Result<(), Unavailable> {
+        let ttl_ms = entry.hard_expires_at_ms.saturating_sub(now_ms).max(1);
+        let name = self.keys.entry(key);
+        let bytes = codec::encode_entry(key, entry);
+        self.run("put entry", |mut conn| async move {
+            conn.pset_ex::<_, _, ()>(name, bytes, ttl_ms).await
+        })
+        .await
+    }
+
+    pub async fn get_record(&self, key: &CacheKey) -> Result<Option<FlightRecord>, Unavailable> {
+        let name = self.keys.record(key);
+        let bytes: Option<Vec<u8>> = self
+            .run("get record", |mut conn| async move { conn.get(name).await })
+            .await?;
+        Ok(bytes.and_then(|bytes| match codec::decode_record(&bytes, key) {
+            Ok(record) => Some(record),
+            Err(err) => {
+                self.rejected_values.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %err, "rejected a flight record that does not match its key");
+                None
+            }
+        }))
+    }
+
+    /// Records how a flight ended: errors for `error_ttl` (negative caching),
+    /// successes briefly, for followers.
+    pub async fn put_record(
+        &self,
+        key: &CacheKey,
+        record: &FlightRecord,
+        error_ttl: Duration,
+    ) -> Result<(), Unavailable> {
+        let ttl = if record.failed && !error_ttl.is_zero() {
+            error_ttl
+        } else {
+            SUCCESS_RECORD_TTL
+        };
+        let name = self.keys.record(key);
+        let bytes = codec::encode_record(key, record);
+        self.run("put record", |mut conn| async move {
+            conn.pset_ex::<_, _, ()>(name, bytes, ttl.as_millis() as u64)
+                .await
+        })
+        .await
+    }
+
+    pub fn new_token(&self) -> String {
+        format!("{}-{:032x}", self.instance, rand::rng().random::<u128>())
+    }
+
+    pub async fn try_lock(&self, key: &CacheKey) -> Result<LockAttempt, Unavailable> {
+        let token = self.new_token();
+        let name = self.keys.lock(key);
+        let ttl = self.config.lock_ttl.as_millis() as u64;
+        let arg = token.clone();
+        let holder: Option<String> = self
+            .run("lock", |mut conn| async move {
+                Script::new(TRY_LOCK)
+                    .key(name)
+                    .arg(arg)
+                    .arg(ttl)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(match holder {
+            None => LockAttempt::Acquired(Lease {
+                key: key.clone(),
+                token,
+            }),
+            Some(holder) => LockAttempt::Held(holder),
+        })
+    }
+
+    /// The current holder's token, if any.
+    pub async fn lock_holder(&self, key: &CacheKey) -> Result<Option<String>, Unavailable> {
+        let name = self.keys.lock(key);
+        self.run(
+            "lock holder",
+            |mut conn| async move { conn.get(name).await },
+        )
+        .await
+    }
+
+    /// Extends the lease; false when it is no longer ours.
+    pub async fn extend(&self, lease: &Lease) -> Result<bool, Unavailable> {
+        let name = self.keys.lock(&lease.key);
+        let token = lease.token.clone();
+        let ttl = self.config.lock_ttl.as_millis() as u64;
+        let extended: i64 = self
+            .run("extend lock", |mut conn| async move {
+                Script::new(EXTEND)
+                    .key(name)
+                    .arg(token)
+                    .arg(ttl)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(extended == 1)
+    }
+
+    /// Releases the lease; false when it was no longer ours (left intact).
+    pub async fn release(&self, lease: &Lease) -> Result<bool, Unavailable> {
+        let name = self.keys.lock(&lease.key);
+        let token = lease.token.clone();
+        let released: i64 = self
+            .run("release lock", |mut conn| async move {
+                Script::new(RELEASE)
+                    .key(name)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
+    pub async fn announce(&self, key: &CacheKey) -> Result<(), Unavailable> {
+        let channel = self.keys.channel();
+        let payload = key.fingerprint.hex();
+        self.run("announce", |mut conn| async move {
+            conn.publish::<_, _, ()>(channel, payload).await
+        })
+        .await
+    }
+
+    /// Keeps the lease alive while `work` runs: extends every third of the
+    /// lock TTL, so a slow provider never lets a second owner in.
+    pub async fn holding<T>(&self, lease: &Lease, work: impl Future<Output = T>) -> T {
+        let period = self.config.lock_ttl / 3;
+        let keep_alive = async {
+            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+            loop {
+                ticks.tick().await;
+                if let Ok(false) = self.extend(lease).await {
+                    tracing::warn!("lost the owner lease while the upstream call ran");
+                    // Nothing left to extend; the work itself goes on.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            output = work => output,
+            never = keep_alive => never,
+        }
+    }
+
+    /// Waits as a remote follower for the flight of the owner holding
+    /// `token`: announcements, with a backstop poll that backs off with jitter
+    /// up to `redis.poll_interval`.
+    pub async fn follow(&self, key: &CacheKey, mut token: String, deadline: Instant) -> Follow {
+        // Subscribe before the first read, so an announcement in between is kept.
+        let interest = self.dispatch.register(key.fingerprint);
+        let mut delay = Duration::from_millis(20).min(self.config.poll_interval);
+        loop {
+            match self.get_record(key).await {
+                Ok(Some(record)) if record.token == token => return Follow::Done(record),
+                Ok(_) => {}
+                Err(Unavailable) => return Follow::Unavailable,
+            }
+            match self.lock_holder(key).await {
+                Ok(Some(holder)) => token = holder,
+                Ok(None) => {
+                    // The owner may have recorded and released between our reads.
+                    return match self.get_record(key).await {
+                        Ok(Some(record)) if record.token == token => Follow::Done(record),
+                        Ok(_) => Follow::Vacant,
+                        Err(Unavailable) => Follow::Unavailable,
+                    };
+                }
+                Err(Unavailable) => return Follow::Unavailable,
+            }
+            if Instant::now() >= deadline {
+                return Follow::TimedOut;
+            }
+            let jittered = delay.mul_f64(rand::rng().random_range(0.5..=1.0));
+            tokio::select! {
+                _ = interest.notified() => {}
+                _ = tokio::time::sleep(jittered) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+            delay = (delay * 2).min(self.config.poll_interval);
+        }
+    }
+
+    /// PING, to see whether Redis is back.
+    async fn ping(&self) -> Result<(), Unavailable> {
+        self.run("ping", |mut conn| async move {
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        })
+        .await
+    }
+}
+
+/// While the breaker is open, probes Redis after each cool-down so the
+/// cluster mode returns by itself when Redis recovers, traffic or not.
+async fn probe_while_open(cluster: std::sync::Weak<Cluster>, stop: CancellationToken) {
+    let Some(strong) = cluster.upgrade() else {
+        return;
+    };
+    let mut state = strong.breaker.watch();
+    let cool_down = strong.config.breaker_cool_down;
+    drop(strong);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = state.wait_for(|s| *s != BreakerState::Closed) => if changed.is_err() { return },
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(cool_down) => {}
+        }
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        let _ = cluster.ping().await;
+    }
+}
+
+fn is_connectivity(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_unrecoverable_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::{Endpoint, Fingerprint, KeyInput, TenantScope};
+
+    #[test]
+    fn keys_carry_the_tenant_and_one_hash_tag() {
+        let scope = TenantScope::of_credential(Some(b"sk-secret"));
+        let fingerprint = Fingerprint::of(&KeyInput {
+            endpoint: Endpoint::ChatCompletions,
+            upstream: "u",
+            scope: &scope,
+            headers: &[],
+            query: &[],
+            body: b"{}",
+        });
+        let key = CacheKey {
+            scope: scope.clone(),
+            fingerprint,
+        };
+        let keys = Keys::new("corral");
+        let entry = keys.entry(&key);
+        assert!(entry.starts_with(&format!("corral:v1:{}:resp:{{", scope.as_str())));
+        assert!(entry.ends_with(&format!("{{{}}}", fingerprint.hex())));
+        assert!(!entry.contains("sk-secret"));
+        for name in [keys.entry(&key), keys.lock(&key), keys.record(&key)] {
+            let tag = &name[name.find('{').unwrap()..=name.find('}').unwrap()];
+            assert_eq!(tag, format!("{{{}}}", fingerprint.hex()));
+        }
+    }
+}

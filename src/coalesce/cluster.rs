@@ -1,0 +1,145 @@
+//! The cluster half of a flight: after the local singleflight picked this
+//! instance's owner, it contends for the Redis lock. The winner double-checks
+//! the cache, calls upstream under a kept-alive lease, stores, records the
+//! outcome, announces it and releases the lock. A loser follows the winner's
+//! flight remotely, and contends again if the winner vanishes.
+//!
+//! Returning `None` means Redis could not be used: the caller falls back to
+//! this instance's own upstream call (fail open).
+
+use std::sync::Arc;
+
+use axum::http::{HeaderName, header};
+use tokio::time::Instant;
+
+use super::{
+    Fetched, FlightContext, Loader, MAX_ELECTIONS, Outcome, Source, fresh_entry, load_and_store,
+};
+use crate::{
+    cache::{StoredResponse, codec::FlightRecord},
+    cluster::{Cluster, Follow, Lease, LockAttempt, Unavailable},
+    error::GatewayError,
+    fingerprint::CacheKey,
+    request::CachePolicy,
+};
+
+pub(super) async fn cluster_flight(
+    context: &FlightContext,
+    cluster: &Cluster,
+    key: &CacheKey,
+    policy: CachePolicy,
+    loader: &Loader,
+) -> Option<Outcome> {
+    let deadline = Instant::now() + context.wait_timeout;
+    // Negative caching: a flight for this key failed moments ago somewhere in
+    // the cluster; its error answers at once instead of another attempt.
+    if !context.error_ttl.is_zero() {
+        match cluster.get_record(key).await {
+            Err(Unavailable) => return None,
+            Ok(Some(record)) if record.failed => return Some(outcome_of(record)),
+            Ok(_) => {}
+        }
+    }
+    for _ in 0..MAX_ELECTIONS {
+        match cluster.try_lock(key).await {
+            Err(Unavailable) => return None,
+            Ok(LockAttempt::Acquired(lease)) => {
+                return Some(own(context, cluster, lease, key, policy, loader).await);
+            }
+            Ok(LockAttempt::Held(token)) => match cluster.follow(key, token, deadline).await {
+                Follow::Done(record) => return Some(outcome_of(record)),
+                // The owner died (its lease expired) or Redis lost the lock: contend again.
+                Follow::Vacant => continue,
+                Follow::Unavailable => return None,
+                Follow::TimedOut => return Some(Err(Arc::new(GatewayError::WaitTimedOut))),
+            },
+        }
+    }
+    None
+}
+
+/// The cluster owner's part: double-check, call, store, record, announce, release.
+async fn own(
+    context: &FlightContext,
+    cluster: &Cluster,
+    lease: Lease,
+    key: &CacheKey,
+    policy: CachePolicy,
+    loader: &Loader,
+) -> Outcome {
+    // Double-check after the lock: the previous owner may have just stored.
+    let cached = match policy.read {
+        true => fresh_entry(context, key, policy).await,
+        false => None,
+    };
+    let outcome = match cached {
+        Some(entry) => Ok(Fetched {
+            response: entry.response.clone(),
+            stored: false,
+            source: Source::Cache,
+        }),
+        None => {
+            cluster
+                .holding(&lease, load_and_store(context, key, policy, loader))
+                .await
+        }
+    };
+    let record = FlightRecord {
+        token: lease.token.clone(),
+        failed: outcome.is_err(),
+        response: match &outcome {
+            Ok(fetched) => fetched.response.clone(),
+            Err(error) => Arc::new(error_response(error)),
+        },
+        recorded_at_ms: context.clock.now_ms(),
+    };
+    // Each step is best effort: followers that miss the record or the
+    // announcement see the lock go and contend again.
+    let _ = cluster.put_record(key, &record, context.error_ttl).await;
+    let _ = cluster.announce(key).await;
+    let _ = cluster.release(&lease).await;
+    outcome
+}
+
+fn error_response(error: &GatewayError) -> StoredResponse {
+    let (status, headers, body) = error.parts();
+    let keep: [HeaderName; 2] = [header::CONTENT_TYPE, header::RETRY_AFTER];
+    StoredResponse {
+        status,
+        headers: keep
+            .into_iter()
+            .filter_map(|name| {
+                headers
+                    .get(&name)
+                    .map(|value| (name.clone(), value.clone()))
+            })
+            .collect(),
+        body,
+        usage: None,
+    }
+}
+
+/// What a follower makes of another instance's record.
+fn outcome_of(record: FlightRecord) -> Outcome {
+    if !record.failed {
+        return Ok(Fetched {
+            response: record.response,
+            stored: false,
+            source: Source::OtherInstance,
+        });
+    }
+    let header = |name: HeaderName| {
+        record
+            .response
+            .headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, value)| value.clone())
+    };
+    Err(Arc::new(GatewayError::Upstream {
+        status: record.response.status,
+        content_type: header(header::CONTENT_TYPE),
+        retry_after: header(header::RETRY_AFTER),
+        body: record.response.body.clone(),
+    }))
+}
