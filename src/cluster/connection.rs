@@ -8,7 +8,11 @@ use redis::{
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
 };
-use tokio::sync::OnceCell;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::RedisConfig;
 
@@ -47,42 +51,70 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Connects on first use; a failed connect is retried by the next use.
+/// The connection, established in the background: until it is up, every
+/// operation is `Unavailable` at once (corral starts, and serves, with Redis
+/// down), and it attaches as soon as Redis answers. Once up, the connection
+/// reconnects by itself.
 pub struct LazyConn {
-    config: RedisConfig,
-    conn: OnceCell<Conn>,
+    conn: watch::Sender<Option<Conn>>,
 }
 
 impl std::fmt::Debug for LazyConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LazyConn")
-            .field("connected", &self.conn.initialized())
+            .field("connected", &self.conn.borrow().is_some())
             .finish()
     }
 }
 
 impl LazyConn {
-    pub fn new(config: RedisConfig) -> Self {
-        Self {
-            config,
-            conn: OnceCell::new(),
-        }
+    /// Starts connecting; retries with backoff and jitter until it succeeds or `stop`.
+    pub fn start(config: RedisConfig, stop: CancellationToken) -> Self {
+        let conn = watch::Sender::new(None);
+        let publish = conn.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let attempt = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    attempt = connect(&config) => attempt,
+                };
+                match attempt {
+                    Ok(connected) => {
+                        publish.send_replace(Some(connected));
+                        return;
+                    }
+                    Err(err) => tracing::debug!(error = %err, "redis not reachable yet"),
+                }
+                let jittered = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(jittered) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        });
+        Self { conn }
     }
 
-    /// The shared connection (a cheap clone of a multiplexed handle).
-    pub async fn get(&self) -> redis::RedisResult<Conn> {
-        self.conn
-            .get_or_try_init(|| connect(&self.config))
-            .await
-            .cloned()
+    /// The shared connection (a cheap clone of a multiplexed handle), if up.
+    pub fn get(&self) -> Option<Conn> {
+        self.conn.borrow().clone()
+    }
+
+    /// Observes the first connection (readiness, tests).
+    pub fn connected(&self) -> watch::Receiver<Option<Conn>> {
+        self.conn.subscribe()
     }
 }
 
 async fn connect(config: &RedisConfig) -> redis::RedisResult<Conn> {
     let urls = config.node_urls();
+    // Connecting is not on any request's path, so it may take longer than one operation.
+    let connect_timeout = config.op_timeout.max(Duration::from_secs(1));
     if config.is_cluster() {
         let client = ClusterClient::builder(urls)
-            .connection_timeout(config.op_timeout)
+            .connection_timeout(connect_timeout)
             .response_timeout(config.op_timeout)
             .retries(1)
             .build()?;
@@ -92,7 +124,7 @@ async fn connect(config: &RedisConfig) -> redis::RedisResult<Conn> {
     let manager = ConnectionManager::new_with_config(
         client,
         ConnectionManagerConfig::new()
-            .set_connection_timeout(config.op_timeout)
+            .set_connection_timeout(connect_timeout)
             .set_response_timeout(config.op_timeout)
             .set_number_of_retries(1)
             .set_max_delay(1000),

@@ -145,7 +145,7 @@ impl Cluster {
     pub fn start(config: &RedisConfig, stop: CancellationToken) -> Arc<Self> {
         let dispatch = Arc::new(Dispatch::default());
         let cluster = Arc::new(Self {
-            conn: LazyConn::new(config.clone()),
+            conn: LazyConn::start(config.clone(), stop.clone()),
             config: config.clone(),
             keys: Keys::new(&config.key_prefix),
             breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
@@ -177,6 +177,14 @@ impl Cluster {
         self.dispatch.subscribed()
     }
 
+    /// Resolves once the first connection to Redis is up (and subscribed).
+    pub async fn connected(&self) {
+        let mut conn = self.conn.connected();
+        let _ = conn.wait_for(Option::is_some).await;
+        let mut subscribed = self.dispatch.subscribed();
+        let _ = subscribed.wait_for(|s| *s).await;
+    }
+
     /// Redis operations that failed or timed out since start.
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
@@ -188,6 +196,9 @@ impl Cluster {
     }
 
     pub fn status(&self) -> &'static str {
+        if self.conn.get().is_none() {
+            return "connecting";
+        }
         match self.breaker.state() {
             BreakerState::Closed => "up",
             BreakerState::Open | BreakerState::HalfOpen => "degraded",
@@ -200,14 +211,14 @@ impl Cluster {
         F: FnOnce(connection::Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        // Not connected yet: no wait, no breaker failure; the connector keeps trying.
+        let Some(conn) = self.conn.get() else {
+            return Err(Unavailable);
+        };
         if !self.breaker.allow() {
             return Err(Unavailable);
         }
-        let result = tokio::time::timeout(self.config.op_timeout, async {
-            let conn = self.conn.get().await?;
-            op(conn).await
-        })
-        .await;
+        let result = tokio::time::timeout(self.config.op_timeout, op(conn)).await;
         match result {
             Ok(Ok(value)) => {
                 self.breaker.record_success();

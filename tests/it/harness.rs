@@ -61,12 +61,21 @@ impl TestGateway {
     }
 
     pub async fn start_with(provider: MockProvider, adjust: impl FnOnce(&mut Config)) -> Self {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        Self::start_shared(provider, clock, adjust).await
+    }
+
+    /// One of several instances sharing a provider and a clock (a fleet).
+    pub async fn start_shared(
+        provider: MockProvider,
+        clock: Arc<ManualClock>,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
         let mut config = Config::for_tests(&provider.base_url());
         adjust(&mut config);
         config.validate().expect("test config is valid");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let state =
             Arc::new(AppState::build_with_clock(config, clock.clone()).expect("state builds"));
         let stop = CancellationToken::new();
@@ -118,6 +127,15 @@ impl TestGateway {
             status: response.status(),
             headers: response.headers().clone(),
             body: response.bytes().await.expect("body arrives"),
+        }
+    }
+
+    /// Resolves once the instance is connected and subscribed to Redis.
+    pub async fn wait_connected(&self) {
+        if let Some(cluster) = &self.state.cluster {
+            tokio::time::timeout(WAIT, cluster.connected())
+                .await
+                .expect("the instance connects to Redis");
         }
     }
 
@@ -199,6 +217,103 @@ impl TestGateway {
             client: self.client.clone(),
         }
     }
+}
+
+/// Several corral instances in front of one provider, sharing Redis and a clock.
+pub struct Fleet {
+    pub provider: MockProvider,
+    pub clock: Arc<ManualClock>,
+    pub instances: Vec<TestGateway>,
+}
+
+impl Fleet {
+    pub async fn start(n: usize, adjust: impl Fn(&mut Config)) -> Self {
+        let provider = MockProvider::start(MockSettings::default())
+            .await
+            .expect("mock provider starts");
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let mut instances = Vec::new();
+        for _ in 0..n {
+            let instance =
+                TestGateway::start_shared(provider.clone(), clock.clone(), &adjust).await;
+            instance.wait_connected().await;
+            instances.push(instance);
+        }
+        Self {
+            provider,
+            clock,
+            instances,
+        }
+    }
+
+    /// Callers waiting on flights, over every instance.
+    pub fn waiters(&self) -> usize {
+        self.instances
+            .iter()
+            .map(|i| *i.state.coalescer.flights().waiters().borrow())
+            .sum()
+    }
+
+    /// Resolves once at least `n` callers wait, over every instance.
+    pub async fn wait_for_waiters(&self, n: usize) {
+        let mut watches: Vec<_> = self
+            .instances
+            .iter()
+            .map(|i| i.state.coalescer.flights().waiters())
+            .collect();
+        let gathered = tokio::time::timeout(WAIT, async {
+            while self.waiters() < n {
+                let changes = watches.iter_mut().map(|w| Box::pin(w.changed()));
+                let _ = futures::future::select_all(changes).await;
+            }
+        })
+        .await;
+        assert!(
+            gathered.is_ok(),
+            "{n} waiters never gathered (saw {})",
+            self.waiters()
+        );
+    }
+
+    /// `n` identical concurrent requests spread round-robin over the
+    /// instances, released together once all of them wait.
+    pub async fn herd(&self, path: &str, body: &Value, n: usize) -> Vec<Reply> {
+        self.provider.hold();
+        let tasks = self.spread(path, &[(body.clone(), n)]);
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        collect(tasks).await
+    }
+
+    /// Starts `count` requests of each body, spread round-robin over the instances.
+    pub fn spread(
+        &self,
+        path: &str,
+        bodies: &[(Value, usize)],
+    ) -> Vec<tokio::task::JoinHandle<Reply>> {
+        let mut tasks = Vec::new();
+        let mut next = 0;
+        for (body, count) in bodies {
+            for _ in 0..*count {
+                let handle = self.instances[next % self.instances.len()].clone_handle();
+                next += 1;
+                let body = body.clone();
+                let path = path.to_owned();
+                tasks.push(tokio::spawn(async move {
+                    handle.post_with(&path, &body, &[]).await
+                }));
+            }
+        }
+        tasks
+    }
+}
+
+pub async fn collect(tasks: Vec<tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
+    let mut replies = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        replies.push(task.await.expect("request task"));
+    }
+    replies
 }
 
 /// What a spawned request task needs of the gateway.

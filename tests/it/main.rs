@@ -4,8 +4,10 @@
 mod fingerprint_props;
 mod harness;
 mod prompts_golden;
+mod redis_server;
 
 mod bad_input;
+mod cluster;
 mod dedup;
 mod retry;
 mod sdk;
