@@ -62,7 +62,7 @@ struct Header {
     #[serde(default)]
     hard_expires_at_ms: u64,
     #[serde(default)]
-    compute_ms: u64,
+    compute_us: u64,
     /// Records only: the owner's lock token, and whether the flight failed.
     #[serde(default)]
     token: Option<String>,
@@ -93,7 +93,7 @@ pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
         stored_at_ms: entry.stored_at_ms,
         soft_expires_at_ms: entry.soft_expires_at_ms,
         hard_expires_at_ms: entry.hard_expires_at_ms,
-        compute_ms: entry.compute_time.as_millis() as u64,
+        compute_us: entry.compute_time.as_micros() as u64,
         token: None,
         failed: false,
     };
@@ -107,7 +107,7 @@ pub fn decode_entry(bytes: &[u8], key: &CacheKey) -> Result<Entry, DecodeError> 
         stored_at_ms: header.stored_at_ms,
         soft_expires_at_ms: header.soft_expires_at_ms,
         hard_expires_at_ms: header.hard_expires_at_ms,
-        compute_time: Duration::from_millis(header.compute_ms),
+        compute_time: Duration::from_micros(header.compute_us),
     })
 }
 
@@ -123,7 +123,7 @@ pub fn encode_record(key: &CacheKey, record: &FlightRecord) -> Vec<u8> {
         stored_at_ms: record.recorded_at_ms,
         soft_expires_at_ms: 0,
         hard_expires_at_ms: 0,
-        compute_ms: 0,
+        compute_us: 0,
         token: Some(record.token.clone()),
         failed: record.failed,
     };

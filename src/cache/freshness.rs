@@ -66,7 +66,7 @@ pub fn should_refresh_early(entry: &Entry, now_ms: u64, beta: f64, u: f64) -> bo
     if beta <= 0.0 || now_ms >= entry.soft_expires_at_ms {
         return false;
     }
-    let delta_ms = entry.compute_time.as_millis() as f64;
+    let delta_ms = entry.compute_time.as_secs_f64() * 1000.0;
     let u = u.clamp(f64::MIN_POSITIVE, 1.0);
     now_ms as f64 - delta_ms * beta * u.ln() >= entry.soft_expires_at_ms as f64
 }

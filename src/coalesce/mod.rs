@@ -149,12 +149,12 @@ impl Coalescer {
                     // XFetch: near the soft expiry, refresh early with rising probability.
                     let beta = self.context.early_refresh_beta;
                     if should_refresh_early(&entry, now, beta, rand::rng().random_range(0.0..1.0)) {
-                        self.refresh_in_background(key, loader);
+                        self.refresh_in_background(key, loader, entry.age(now));
                     }
                     return Ok(served_from(&entry, CacheStatus::Hit, now));
                 }
                 Freshness::Stale => {
-                    self.refresh_in_background(key, loader);
+                    self.refresh_in_background(key, loader, entry.age(now));
                     return Ok(served_from(&entry, CacheStatus::Stale, now));
                 }
                 Freshness::Unusable => {}
@@ -198,13 +198,15 @@ impl Coalescer {
         ))))
     }
 
-    /// Starts one refresh of a stale entry, unless a flight for it runs already.
-    fn refresh_in_background(&self, key: CacheKey, loader: Loader) {
+    /// Starts one refresh of an entry `age` old, unless a flight for it runs
+    /// already. The flight's double-check accepts only a younger entry (one
+    /// another instance refreshed meanwhile), never the one being replaced.
+    fn refresh_in_background(&self, key: CacheKey, loader: Loader, age: Duration) {
         if let Some(guard) = self.flights.start_unattended(key.fingerprint) {
             let policy = CachePolicy {
                 read: true,
                 write: true,
-                max_age: None,
+                max_age: Some(age.saturating_sub(Duration::from_millis(1))),
                 bypass: false,
                 revalidate: false,
             };

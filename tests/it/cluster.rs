@@ -582,3 +582,39 @@ async fn a_three_master_redis_cluster_dedups_across_four_instances() {
         assert_eq!(fleet.provider.calls(), round);
     }
 }
+
+#[tokio::test]
+async fn a_full_redis_skips_the_write_and_still_answers() {
+    let redis =
+        RedisServer::spawn_with(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]).await;
+    let mut conn = redis.client().await;
+    // Fill Redis until it refuses writes.
+    let filler = vec![b'x'; 64 * 1024];
+    for i in 0..1000 {
+        let result: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&filler)
+            .query_async(&mut conn)
+            .await;
+        if result.is_err() {
+            break;
+        }
+    }
+    let gateway =
+        TestGateway::start(|config| config.redis = Some(redis_config(&redis.url()))).await;
+    gateway.wait_connected().await;
+    let body = chat("redis is full");
+    let reply = gateway.post(PATH, &body).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(
+        gateway.state.cluster.as_ref().unwrap().errors() > 0,
+        "the refused write is counted"
+    );
+    let again = gateway.post(PATH, &body).await;
+    assert_eq!(again.cache(), "HIT", "L1 still has it");
+    assert_eq!(
+        gateway.state.cluster.as_ref().unwrap().status(),
+        "up",
+        "a refusal is not an outage"
+    );
+}

@@ -63,3 +63,24 @@ async fn swr_timeline_with_one_refresh() {
     assert_eq!(expired.cache(), "MISS");
     assert_eq!(gateway.provider.calls(), 3);
 }
+
+#[tokio::test]
+async fn xfetch_refreshes_a_fresh_entry_early_and_beta_zero_never_does() {
+    let path = "/v1/chat/completions";
+    for (beta, refreshes) in [(1e12, 1), (0.0, 0)] {
+        let gateway = TestGateway::start(|config| {
+            config.cache.soft_ttl = Duration::from_secs(60);
+            config.cache.hard_ttl = Duration::from_secs(120);
+            config.cache.early_refresh_beta = beta;
+        })
+        .await;
+        let body = chat("refresh me early");
+        assert_eq!(gateway.post(path, &body).await.cache(), "MISS");
+        // Well before the soft expiry: with a huge beta the XFetch condition holds
+        // for any draw, with beta 0 it never does. Either way the caller gets a HIT.
+        gateway.clock.advance(Duration::from_secs(30));
+        assert_eq!(gateway.post(path, &body).await.cache(), "HIT");
+        gateway.wait_idle().await;
+        assert_eq!(gateway.provider.calls(), 1 + refreshes, "beta {beta}");
+    }
+}
