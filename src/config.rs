@@ -81,6 +81,9 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// USD per million tokens by model, for the cost metrics (`/metrics`, `/stats`).
+    #[serde(default)]
+    pub pricing: PricingConfig,
     /// Absent: the embedded in-memory mode (one instance, local singleflight).
     #[serde(default)]
     pub redis: Option<RedisConfig>,
@@ -237,6 +240,13 @@ pub struct CoalesceConfig {
     /// How long a follower waits for the owner's result before giving up (504).
     #[serde(with = "humantime_serde")]
     pub wait_timeout: Duration,
+    /// A streamed upstream response that sends no event for this long is broken:
+    /// every reader gets an error event, nothing is cached.
+    #[serde(with = "humantime_serde")]
+    pub stream_stall_timeout: Duration,
+    /// Cancel a streamed upstream call once every caller reading it has gone
+    /// (stops the spend; the answer is then not cached). Off: it completes and is cached.
+    pub cancel_when_abandoned: bool,
 }
 
 impl Default for CoalesceConfig {
@@ -244,6 +254,8 @@ impl Default for CoalesceConfig {
         Self {
             max_waiters: 10_000,
             wait_timeout: Duration::from_secs(180),
+            stream_stall_timeout: Duration::from_secs(60),
+            cancel_when_abandoned: false,
         }
     }
 }
@@ -299,10 +311,99 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     pub format: LogFormat,
+    /// One `info` line per finished request (request id, status, cache status,
+    /// fingerprint prefix, latency). Off: only upstream calls and problems are logged.
+    pub requests: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            requests: true,
+        }
+    }
+}
+
+/// The label a model gets when no price and no literal route names it; reserved.
+pub const OTHER_MODEL: &str = "other";
+
+/// Model prices for the cost metrics.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PricingConfig {
+    /// When the prices were read off the providers' price pages (shown on `/stats`).
+    pub as_of: Option<String>,
+    /// Model name or glob -> price. Names match case-insensitively; an exact
+    /// name wins over a glob, and among globs the first listed wins, so list
+    /// specific patterns before broad ones.
+    pub models: PriceTable,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Prompt (input) tokens.
+    pub input: f64,
+    /// Completion (output) tokens; embeddings have none.
+    #[serde(default)]
+    pub output: f64,
+    /// Prompt tokens the provider read from its own prompt cache, where it
+    /// prices them apart (informational until `usage` carries cached tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+}
+
+/// `pricing.models` in the order written: the order decides among globs, so a
+/// plain map (which sorts or hashes its keys) would not do.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PriceTable(pub Vec<(String, ModelPrice)>);
+
+impl<'de> Deserialize<'de> for PriceTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = PriceTable;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from model name or glob to {input, output, cached_input}")
+            }
+            fn visit_unit<E>(self) -> Result<PriceTable, E> {
+                Ok(PriceTable::default())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<PriceTable, A::Error> {
+                let mut entries: Vec<(String, ModelPrice)> = Vec::new();
+                while let Some((name, price)) = map.next_entry::<String, ModelPrice>()? {
+                    if entries.iter().any(|(seen, _)| seen.eq_ignore_ascii_case(&name)) {
+                        return Err(serde::de::Error::custom(format!(
+                            "model `{name}` is priced twice"
+                        )));
+                    }
+                    entries.push((name, price));
+                }
+                Ok(PriceTable(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+impl Serialize for PriceTable {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (name, price) in &self.0 {
+            map.serialize_entry(name, price)?;
+        }
+        map.end()
+    }
 }
 
 fn default_models() -> Vec<String> {
@@ -462,6 +563,31 @@ impl Config {
                 ));
             }
         }
+        for (name, price) in &self.pricing.models.0 {
+            let key = format!("pricing.models.{name}");
+            if name.is_empty() || name.eq_ignore_ascii_case(OTHER_MODEL) {
+                return Err(ConfigError::key(
+                    key,
+                    format!("a model name must be non-empty and not `{OTHER_MODEL}`"),
+                ));
+            }
+            glob::Pattern::new(name).map_err(|err| ConfigError::key(&key, err.to_string()))?;
+            let fields = [
+                ("input", Some(price.input)),
+                ("output", Some(price.output)),
+                ("cached_input", price.cached_input),
+            ];
+            for (field, value) in fields {
+                if let Some(value) = value
+                    && !(value.is_finite() && value >= 0.0)
+                {
+                    return Err(ConfigError::key(
+                        format!("{key}.{field}"),
+                        "must be a number >= 0 (USD per million tokens)",
+                    ));
+                }
+            }
+        }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::key("retry.max_attempts", "must be at least 1"));
         }
@@ -617,6 +743,84 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("cache.soft_ttl"), "{err}");
+    }
+
+    #[test]
+    fn pricing_keeps_its_order_and_accepts_embeddings_without_output() {
+        let yaml = format!(
+            "{BASE}pricing:\n  as_of: 2025-08-15\n  models:\n    gpt-4o-mini: {{input: 0.15, output: 0.6, cached_input: 0.075}}\n    'claude-*': {{input: 3, output: 15}}\n    text-embedding-3-small: {{input: 0.02}}\n    '*': {{input: 1, output: 1}}\n"
+        );
+        let config = Config::load(&yaml, []).unwrap();
+        let names: Vec<&str> = config
+            .pricing
+            .models
+            .0
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["gpt-4o-mini", "claude-*", "text-embedding-3-small", "*"]
+        );
+        assert_eq!(config.pricing.as_of.as_deref(), Some("2025-08-15"));
+        let embedding = config.pricing.models.0[2].1;
+        assert_eq!((embedding.input, embedding.output), (0.02, 0.0));
+        assert_eq!(config.pricing.models.0[0].1.cached_input, Some(0.075));
+        // Serializing keeps the order too (the config round-trips).
+        let text = serde_yaml_ng::to_string(&config.pricing).unwrap();
+        assert!(text.find("gpt-4o-mini").unwrap() < text.find("claude-*").unwrap());
+    }
+
+    #[test]
+    fn pricing_errors_name_the_model_and_field() {
+        for (models, expected) in [
+            ("gpt-4o: {input: -1, output: 1}", "pricing.models.gpt-4o.input"),
+            ("gpt-4o: {input: 1, output: .nan}", "pricing.models.gpt-4o.output"),
+            ("'gpt-[': {input: 1}", "pricing.models.gpt-["),
+            ("other: {input: 1}", "pricing.models.other"),
+            ("gpt-4o: {input: 1, outptu: 2}", "outptu"),
+            ("gpt-4o: {input: 1}\n    GPT-4o: {input: 2}", "priced twice"),
+        ] {
+            let yaml = format!("{BASE}pricing:\n  models:\n    {models}\n");
+            let err = Config::load(&yaml, []).unwrap_err().to_string();
+            assert!(err.contains(expected), "{models}: {err}");
+        }
+    }
+
+    #[test]
+    fn prices_and_request_logging_can_be_set_from_the_environment() {
+        let yaml = format!("{BASE}pricing:\n  models:\n    gpt-4o: {{input: 2.5, output: 10}}\n");
+        let config = Config::load(
+            &yaml,
+            [
+                ("CORRAL_PRICING__MODELS__GPT-4O__INPUT", "3"),
+                ("CORRAL_LOG__REQUESTS", "false"),
+                ("CORRAL_LOG__FORMAT", "json"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.pricing.models.0[0].1.input, 3.0);
+        assert!(!config.log.requests);
+        assert_eq!(config.log.format, LogFormat::Json);
+        let defaults = Config::load(BASE, []).unwrap();
+        assert!(defaults.log.requests, "request lines are on by default");
+        assert!(defaults.pricing.models.0.is_empty());
+    }
+
+    #[test]
+    fn the_shipped_pricing_covers_the_common_models() {
+        let config = Config::load(EMBEDDED_DEFAULT, []).unwrap();
+        assert!(config.pricing.as_of.is_some(), "the table says when prices were taken");
+        let names: Vec<&str> = config
+            .pricing
+            .models
+            .0
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect();
+        for model in ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4*"] {
+            assert!(names.contains(&model), "{model} missing from {names:?}");
+        }
     }
 
     #[test]

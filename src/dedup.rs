@@ -15,10 +15,12 @@ use tracing::Instrument;
 
 use crate::{
     cache::{StoredResponse, Usage},
-    coalesce::{CacheStatus, Loaded, Loader, Served},
+    coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
+    metrics::ModelLabel,
     request::DedupRequest,
+    sse::{self, StreamLog},
     state::AppState,
     upstream::Outbound,
 };
@@ -48,6 +50,7 @@ pub async fn serve(
         &app.config.cache,
     )?;
     let fingerprint = request.fingerprint;
+    let model = app.metrics.model(&request.model);
     let span = tracing::info_span!(
         "dedup",
         endpoint = endpoint.label(),
@@ -65,14 +68,15 @@ pub async fn serve(
         body: request.raw_body.clone(),
     };
 
-    if request.stream || request.policy.bypass {
+    if request.policy.bypass {
         span.record("cache", CacheStatus::Bypass.as_str());
         let mut response = async {
             if request.stream {
-                stream_through(&app, &outbound).await
+                stream_through(&app, &outbound, &model).await
             } else {
-                let buffered = app.upstream.call_buffered(&outbound).await?;
+                let buffered = app.upstream.call_buffered(&outbound, &model).await?;
                 let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
+                app.metrics.upstream_usage(&model, shared.usage);
                 Ok(response_from(&shared))
             }
         }
@@ -87,18 +91,18 @@ pub async fn serve(
         );
         return Ok(response);
     }
+    let key = CacheKey {
+        scope: request.scope.clone(),
+        fingerprint,
+    };
+    if request.stream {
+        return serve_stream(app, request, outbound, key, span).await;
+    }
 
-    let loader = upstream_loader(app.clone(), outbound, endpoint);
+    let loader = upstream_loader(app.clone(), outbound, endpoint, model.clone());
     let served = app
         .coalescer
-        .get_or_fetch(
-            CacheKey {
-                scope: request.scope.clone(),
-                fingerprint,
-            },
-            request.policy,
-            loader,
-        )
+        .get_or_fetch(key, request.policy, loader)
         .instrument(span.clone())
         .await;
     match served {
@@ -110,6 +114,7 @@ pub async fn serve(
         }) => {
             span.record("cache", status.as_str());
             tracing::debug!(parent: &span, "served");
+            app.metrics.served(&model, status, shared.usage);
             let mut response = response_from(&shared);
             set_status_headers(response.headers_mut(), &request, status, stored, age);
             Ok(response)
@@ -125,18 +130,166 @@ pub async fn serve(
     }
 }
 
-/// The upstream call a flight runs; it owns everything it needs, so it can run
-/// detached from the connection of the caller that started it.
-fn upstream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> Loader {
+/// A streaming caller's answer: the flight's live log when the flight streams,
+/// else the complete (or cached) answer replayed as a valid SSE sequence. Every
+/// caller of one flight reads the same events, byte for byte.
+async fn serve_stream(
+    app: Arc<AppState>,
+    request: DedupRequest,
+    mut outbound: Outbound,
+    key: CacheKey,
+    span: tracing::Span,
+) -> Result<Response, GatewayError> {
+    let body: serde_json::Map<String, Value> = serde_json::from_slice(&request.raw_body)
+        .map_err(|err| GatewayError::invalid(err.to_string()))?;
+    // Upstream always reports usage, so cost can be accounted; callers who did
+    // not ask for it do not see it.
+    let upstream_request = sse::force_include_usage(&body);
+    let caller_usage = upstream_request.caller_usage;
+    outbound.body = upstream_request.body;
+    let loader = stream_loader(app.clone(), outbound, request.endpoint);
+    let answer = app
+        .coalescer
+        .answer(key, request.policy, loader, true)
+        .instrument(span.clone())
+        .await;
+    let (reader, status, stored, age) = match answer {
+        Ok(Answer::Live { log, status }) => (log.reader(caller_usage), status, false, None),
+        Ok(Answer::Complete(served)) => {
+            if !served.response.status.is_success() {
+                let mut response = response_from(&served.response);
+                set_status_headers(response.headers_mut(), &request, served.status, false, None);
+                return Ok(response);
+            }
+            let invalid = |reason: String| GatewayError::UpstreamInvalid {
+                upstream: app.upstream_names[request.upstream].clone(),
+                reason,
+            };
+            let value: Value = serde_json::from_slice(&served.response.body)
+                .map_err(|err| invalid(format!("answer is not JSON: {err}")))?;
+            let events = sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?;
+            let log = StreamLog::replay(events);
+            (
+                log.reader(caller_usage),
+                served.status,
+                served.stored,
+                served.age,
+            )
+        }
+        Err(error) => {
+            let mut response = error.to_response();
+            response.headers_mut().insert(
+                HeaderName::from_static(FINGERPRINT_HEADER),
+                header_value(&request.fingerprint.hex()),
+            );
+            return Ok(response);
+        }
+    };
+    span.record("cache", status.as_str());
+    let mut response = (StatusCode::OK, Body::from_stream(reader.into_stream())).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    set_status_headers(headers, &request, status, stored, age);
+    Ok(response)
+}
+
+/// The streamed upstream call of a flight: publishes the live log as soon as
+/// the stream begins, relays every event into it, and ends with the assembled
+/// non-stream answer (what the cache stores, and what non-stream callers of
+/// the same flight receive). Retries happen only before the first event.
+fn stream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> Loader {
     let outbound = Arc::new(outbound);
-    Arc::new(move || {
+    Arc::new(move |publisher: StreamPublisher| {
         let app = app.clone();
         let outbound = outbound.clone();
         Box::pin(async move {
-            let buffered = app.upstream.call_buffered(&outbound).await?;
-            let cacheable = is_complete(endpoint, &buffered.body);
+            let started = std::time::Instant::now();
+            let upstream = app.upstream.name(outbound.upstream).to_owned();
+            let response = app.upstream.call_streaming(&outbound).await?;
+            let (log, writer) = StreamLog::new(app.config.limits.max_response_bytes);
+            publisher.publish(log.clone());
+            let stall = app.config.coalesce.stream_stall_timeout;
+            let relay = sse::relay_response(response, writer, stall);
+            let summary = if app.config.coalesce.cancel_when_abandoned {
+                tokio::select! {
+                    summary = relay => summary,
+                    // Every reader left and nobody waits for the complete answer: stop the spend.
+                    _ = abandoned(&log, &publisher) => {
+                        return Err(GatewayError::UpstreamInvalid {
+                            upstream,
+                            reason: "stream cancelled: every caller left".to_owned(),
+                        });
+                    }
+                }
+            } else {
+                relay.await
+            };
+            if !summary.completed() {
+                // Readers already received the error event; waiters get this error.
+                return Err(GatewayError::UpstreamInvalid {
+                    upstream,
+                    reason: format!("the stream broke: {:?}", summary.outcome),
+                });
+            }
+            let assembled =
+                sse::assemble(&summary.events).map_err(|err| GatewayError::UpstreamInvalid {
+                    upstream: upstream.clone(),
+                    reason: format!("the stream does not assemble: {err}"),
+                })?;
+            let body = Bytes::from(assembled.to_string());
             Ok(Loaded {
-                response: shared_response(buffered.status, &buffered.headers, buffered.body),
+                cacheable: is_complete(endpoint, &body),
+                response: StoredResponse {
+                    status: StatusCode::OK,
+                    headers: vec![(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    )],
+                    usage: summary.usage.or_else(|| Usage::from_body(&body)),
+                    body,
+                },
+                compute_time: started.elapsed(),
+            })
+        })
+    })
+}
+
+/// Resolves when every stream reader has gone and no caller waits for the
+/// complete answer.
+async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
+    log.abandoned().await;
+    if publisher.waiters() > 0 {
+        // Non-stream callers still wait for the answer: let it finish.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The upstream call a flight runs; it owns everything it needs, so it can run
+/// detached from the connection of the caller that started it. Its tokens and
+/// cost are counted here, once per call, whoever waits on it.
+fn upstream_loader(
+    app: Arc<AppState>,
+    outbound: Outbound,
+    endpoint: Endpoint,
+    model: ModelLabel,
+) -> Loader {
+    let model = Arc::new(model);
+    let outbound = Arc::new(outbound);
+    Arc::new(move |_publisher| {
+        let app = app.clone();
+        let outbound = outbound.clone();
+        let model = model.clone();
+        Box::pin(async move {
+            let buffered = app.upstream.call_buffered(&outbound, &model).await?;
+            let cacheable = is_complete(endpoint, &buffered.body);
+            let response = shared_response(buffered.status, &buffered.headers, buffered.body);
+            app.metrics.upstream_usage(&model, response.usage);
+            Ok(Loaded {
+                response,
                 cacheable,
                 compute_time: buffered.elapsed,
             })
@@ -234,9 +387,14 @@ fn header_value(text: &str) -> HeaderValue {
 }
 
 /// Relays a live SSE stream (not coalesced). Retries happen only before the
-/// response headers arrive.
-async fn stream_through(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayError> {
-    let upstream = app.upstream.call_streaming(outbound).await?;
+/// response headers arrive. The stream is not parsed, so its usage is unknown.
+async fn stream_through(
+    app: &AppState,
+    outbound: &Outbound,
+    model: &ModelLabel,
+) -> Result<Response, GatewayError> {
+    let upstream = app.upstream.call_streaming_billed(outbound, model).await?;
+    app.metrics.upstream_usage(model, None);
     let status = upstream.status();
     let content_type = upstream
         .headers()

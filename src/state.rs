@@ -14,6 +14,7 @@ use crate::{
     cluster::Cluster,
     coalesce::{Coalescer, FlightContext},
     config::Config,
+    metrics::Metrics,
     upstream::{Routes, Upstream},
 };
 
@@ -26,6 +27,8 @@ pub struct AppState {
     pub cache: Arc<dyn CacheStore>,
     pub coalescer: Coalescer,
     pub upstream: Upstream,
+    /// Requests, tokens and cost; this gateway's own registry.
+    pub metrics: Metrics,
     pub clock: Arc<dyn Clock>,
     /// Redis coordination, when configured.
     pub cluster: Option<Arc<Cluster>>,
@@ -66,6 +69,7 @@ impl AppState {
             jitter: config.cache.ttl_jitter,
         };
         let tasks = TaskTracker::new();
+        let metrics = Metrics::new(&config);
         let coalescer = Coalescer::new(
             FlightContext {
                 cache: cache.clone(),
@@ -82,7 +86,8 @@ impl AppState {
         Ok(Self {
             routes: Routes::new(&config.upstreams),
             upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
-            upstream: Upstream::new(&config)?,
+            upstream: Upstream::new(&config, metrics.clone())?,
+            metrics,
             cache,
             coalescer,
             cluster,

@@ -2,14 +2,18 @@
 //! domain function, and return; they never touch the cache or Redis directly.
 
 mod chat;
+mod dashboard;
 mod health;
+pub mod metrics;
 mod proxy;
+mod stats;
 
 use std::sync::Arc;
 
 use axum::{
     Router,
     extract::{DefaultBodyLimit, rejection::BytesRejection},
+    middleware,
     routing::{any, get, post},
 };
 use bytes::Bytes;
@@ -25,8 +29,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/{*rest}", any(proxy::passthrough))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::metrics))
+        .route("/stats", get(stats::stats))
+        .route("/", get(dashboard::dashboard))
+        .route("/dashboard", get(dashboard::dashboard))
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
+        // Outermost: every response, errors and fallbacks included, gets the request id.
+        .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
 }
 

@@ -13,7 +13,8 @@ use axum::http::{HeaderName, header};
 use tokio::time::Instant;
 
 use super::{
-    Fetched, FlightContext, Loader, MAX_ELECTIONS, Outcome, Source, fresh_entry, load_and_store,
+    Fetched, FlightContext, Loader, MAX_ELECTIONS, Outcome, Source, StreamPublisher, fresh_entry,
+    load_and_store,
 };
 use crate::{
     cache::{StoredResponse, codec::FlightRecord},
@@ -29,6 +30,7 @@ pub(super) async fn cluster_flight(
     key: &CacheKey,
     policy: CachePolicy,
     loader: &Loader,
+    publisher: &StreamPublisher,
 ) -> Option<Outcome> {
     let deadline = Instant::now() + context.wait_timeout;
     // Negative caching: a flight for this key failed moments ago somewhere in
@@ -44,7 +46,7 @@ pub(super) async fn cluster_flight(
         match cluster.try_lock(key).await {
             Err(Unavailable) => return None,
             Ok(LockAttempt::Acquired(lease)) => {
-                return Some(own(context, cluster, lease, key, policy, loader).await);
+                return Some(own(context, cluster, lease, key, policy, loader, publisher).await);
             }
             Ok(LockAttempt::Held(token)) => match cluster.follow(key, token, deadline).await {
                 Follow::Done(record) => return Some(outcome_of(record)),
@@ -66,6 +68,7 @@ async fn own(
     key: &CacheKey,
     policy: CachePolicy,
     loader: &Loader,
+    publisher: &StreamPublisher,
 ) -> Outcome {
     // Double-check after the lock: the previous owner may have just stored.
     let cached = match policy.read {
@@ -80,7 +83,10 @@ async fn own(
         }),
         None => {
             cluster
-                .holding(&lease, load_and_store(context, key, policy, loader))
+                .holding(
+                    &lease,
+                    load_and_store(context, key, policy, loader, publisher),
+                )
                 .await
         }
     };

@@ -18,7 +18,7 @@ use std::{
 use tokio::sync::{Notify, watch};
 
 use super::Fetched;
-use crate::{error::GatewayError, fingerprint::Fingerprint};
+use crate::{error::GatewayError, fingerprint::Fingerprint, sse::StreamLog};
 
 /// What a flight ends with, shared by every waiter: both sides are `Arc`s, so
 /// relaying it to a thousand callers copies no body.
@@ -27,6 +27,8 @@ pub type Outcome = Result<Fetched, Arc<GatewayError>>;
 #[derive(Debug)]
 struct Flight {
     result: watch::Receiver<Option<Outcome>>,
+    /// The live event log, once a streamed flight's upstream stream has begun.
+    stream: watch::Receiver<Option<StreamLog>>,
     waiters: AtomicUsize,
 }
 
@@ -97,8 +99,10 @@ impl Flights {
         fingerprint: Fingerprint,
     ) -> (FlightGuard, Arc<Flight>) {
         let (sender, result) = watch::channel(None);
+        let (stream_sender, stream) = watch::channel(None);
         let flight = Arc::new(Flight {
             result,
+            stream,
             waiters: AtomicUsize::new(0),
         });
         map.insert(fingerprint, flight.clone());
@@ -107,6 +111,10 @@ impl Flights {
             fingerprint,
             flight: flight.clone(),
             sender,
+            stream: StreamPublisher {
+                sender: stream_sender,
+                flight: Some(flight.clone()),
+            },
         };
         (guard, flight)
     }
@@ -141,11 +149,44 @@ pub struct FlightGuard {
     fingerprint: Fingerprint,
     flight: Arc<Flight>,
     sender: watch::Sender<Option<Outcome>>,
+    stream: StreamPublisher,
+}
+
+/// Lets a streamed flight's loader show its live log to the flight's waiters.
+#[derive(Debug, Clone)]
+pub struct StreamPublisher {
+    sender: watch::Sender<Option<StreamLog>>,
+    flight: Option<Arc<Flight>>,
+}
+
+impl StreamPublisher {
+    /// A publisher nobody listens to (flights whose waiters are elsewhere).
+    pub fn detached() -> Self {
+        Self {
+            sender: watch::Sender::new(None),
+            flight: None,
+        }
+    }
+
+    pub fn publish(&self, log: StreamLog) {
+        self.sender.send_replace(Some(log));
+    }
+
+    /// Callers still waiting for the flight's complete outcome.
+    pub fn waiters(&self) -> usize {
+        self.flight
+            .as_ref()
+            .map_or(0, |flight| flight.waiters.load(Ordering::Acquire))
+    }
 }
 
 impl FlightGuard {
     pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
+    }
+
+    pub fn stream_publisher(&self) -> StreamPublisher {
+        self.stream.clone()
     }
 
     /// Hands the outcome to every waiter, then ends the flight. Callers must
@@ -187,6 +228,8 @@ pub struct WaiterTicket {
 /// How a wait ended.
 pub enum Waited {
     Done(Outcome),
+    /// The flight streams: here is its live log (only for waiters that asked).
+    Live(StreamLog),
     /// The owner went away without an outcome.
     Abandoned,
     TimedOut,
@@ -204,15 +247,46 @@ impl WaiterTicket {
 
     /// Waits for the outcome, at most until `deadline`.
     pub async fn wait(&self, deadline: tokio::time::Instant) -> Waited {
+        self.wait_for(deadline, false).await
+    }
+
+    /// Waits for the outcome or, when `live` and the flight streams, its log:
+    /// a streaming caller relays the stream as it arrives instead of waiting for its end.
+    pub async fn wait_for(&self, deadline: tokio::time::Instant, live: bool) -> Waited {
         let mut result = self.flight.result.clone();
-        let waited = tokio::time::timeout_at(deadline, result.wait_for(Option::is_some)).await;
+        let mut stream = self.flight.stream.clone();
+        let log = async {
+            // Bound first: a `watch::Ref` must not live across the await below.
+            let found = stream
+                .wait_for(Option::is_some)
+                .await
+                .map(|log| log.clone());
+            match found {
+                Ok(log) => log,
+                // The flight ended without streaming: only the outcome will come.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let outcome = async { result.wait_for(Option::is_some).await.map(|_| ()) };
+        let waited = tokio::time::timeout_at(deadline, async {
+            tokio::select! {
+                biased;
+                log = log, if live => Ok(Some(log)),
+                outcome = outcome => outcome.map(|_| None),
+            }
+        })
+        .await;
+        let waited = match waited {
+            Ok(Ok(Some(log))) => return Waited::Live(log.expect("waited for Some")),
+            Ok(Ok(None)) => Ok(Ok(self.flight.result.borrow().clone())),
+            Ok(Err(closed)) => Ok(Err(closed)),
+            Err(elapsed) => Err(elapsed),
+        };
         match waited {
             Err(_) => Waited::TimedOut,
             Ok(Err(_closed)) => Waited::Abandoned,
-            Ok(Ok(outcome)) => match outcome.as_ref() {
-                Some(outcome) => Waited::Done(outcome.clone()),
-                None => Waited::Abandoned,
-            },
+            Ok(Ok(Some(outcome))) => Waited::Done(outcome),
+            Ok(Ok(None)) => Waited::Abandoned,
         }
     }
 }

@@ -11,7 +11,7 @@ use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-pub use flight::{FlightGuard, Flights, Outcome, Role, Waited, WaiterTicket};
+pub use flight::{FlightGuard, Flights, Outcome, Role, StreamPublisher, Waited, WaiterTicket};
 
 use crate::{
     cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, should_refresh_early},
@@ -21,6 +21,7 @@ use crate::{
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
+    sse::StreamLog,
 };
 
 /// How many times waiters of abandoned flights elect a new owner before giving up.
@@ -37,9 +38,12 @@ pub struct Loaded {
 
 /// Runs the upstream call for a flight. It may run more than once (a new owner
 /// after an abandoned flight, a background refresh), always detached from any
-/// caller's connection.
+/// caller's connection. A streaming loader publishes its live log through the
+/// `StreamPublisher` as soon as the upstream stream begins; a buffered one ignores it.
 pub type Loader = Arc<
-    dyn Fn() -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>> + Send + Sync,
+    dyn Fn(StreamPublisher) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
+        + Send
+        + Sync,
 >;
 
 /// A flight's result as its waiters see it.
@@ -82,6 +86,14 @@ impl CacheStatus {
             Self::Bypass => "BYPASS",
         }
     }
+}
+
+/// What a caller gets: a complete response, or (for a streaming caller
+/// joining a streamed flight) the flight's live event log.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    Complete(Served),
+    Live { log: StreamLog, status: CacheStatus },
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +151,21 @@ impl Coalescer {
         policy: CachePolicy,
         loader: Loader,
     ) -> Result<Served, Arc<GatewayError>> {
+        match self.answer(key, policy, loader, false).await? {
+            Answer::Complete(served) => Ok(served),
+            Answer::Live { .. } => unreachable!("a live log is only handed to callers that ask"),
+        }
+    }
+
+    /// As `get_or_fetch`; with `live`, a caller joining a streamed flight gets
+    /// its live log instead of waiting for the end (streaming callers).
+    pub async fn answer(
+        &self,
+        key: CacheKey,
+        policy: CachePolicy,
+        loader: Loader,
+        live: bool,
+    ) -> Result<Answer, Arc<GatewayError>> {
         let fingerprint = key.fingerprint;
         if policy.read
             && let Some(entry) = self.context.cache.get(&key).await
@@ -151,11 +178,15 @@ impl Coalescer {
                     if should_refresh_early(&entry, now, beta, rand::rng().random_range(0.0..1.0)) {
                         self.refresh_in_background(key, loader, entry.age(now));
                     }
-                    return Ok(served_from(&entry, CacheStatus::Hit, now));
+                    return Ok(Answer::Complete(served_from(&entry, CacheStatus::Hit, now)));
                 }
                 Freshness::Stale => {
                     self.refresh_in_background(key, loader, entry.age(now));
-                    return Ok(served_from(&entry, CacheStatus::Stale, now));
+                    return Ok(Answer::Complete(served_from(
+                        &entry,
+                        CacheStatus::Stale,
+                        now,
+                    )));
                 }
                 Freshness::Unusable => {}
             }
@@ -170,7 +201,15 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
-            match ticket.wait(deadline).await {
+            match ticket.wait_for(deadline, live).await {
+                Waited::Live(log) => {
+                    let status = if owner {
+                        CacheStatus::Miss
+                    } else {
+                        CacheStatus::Coalesced
+                    };
+                    return Ok(Answer::Live { log, status });
+                }
                 Waited::Done(Ok(fetched)) => {
                     let status = match (owner, fetched.source) {
                         (_, Source::Cache) => CacheStatus::Hit,
@@ -179,12 +218,12 @@ impl Coalescer {
                             CacheStatus::Coalesced
                         }
                     };
-                    return Ok(Served {
+                    return Ok(Answer::Complete(Served {
                         response: fetched.response,
                         status,
                         stored: fetched.stored,
                         age: None,
-                    });
+                    }));
                 }
                 Waited::Done(Err(error)) => return Err(error),
                 Waited::TimedOut => return Err(Arc::new(GatewayError::WaitTimedOut)),
@@ -219,9 +258,10 @@ impl Coalescer {
     fn spawn_flight(&self, guard: FlightGuard, key: CacheKey, policy: CachePolicy, loader: Loader) {
         let context = self.context.clone();
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
+        let publisher = guard.stream_publisher();
         self.tasks.spawn(
             async move {
-                let outcome = run_flight(&context, &key, policy, loader).await;
+                let outcome = run_flight(&context, &key, policy, loader, publisher).await;
                 guard.complete(outcome);
             }
             .instrument(span),
@@ -234,6 +274,7 @@ async fn run_flight(
     key: &CacheKey,
     policy: CachePolicy,
     loader: Loader,
+    publisher: StreamPublisher,
 ) -> Outcome {
     // Double-check: another flight may have stored a fresh answer between the
     // caller's cache read and this flight's start.
@@ -247,12 +288,13 @@ async fn run_flight(
         });
     }
     if let Some(cluster) = &context.cluster
-        && let Some(outcome) = cluster::cluster_flight(context, cluster, key, policy, &loader).await
+        && let Some(outcome) =
+            cluster::cluster_flight(context, cluster, key, policy, &loader, &publisher).await
     {
         return outcome;
     }
     // No Redis, or Redis unavailable: this instance's flight is the only one we can share.
-    load_and_store(context, key, policy, &loader).await
+    load_and_store(context, key, policy, &loader, &publisher).await
 }
 
 async fn fresh_entry(
@@ -271,8 +313,9 @@ async fn load_and_store(
     key: &CacheKey,
     policy: CachePolicy,
     loader: &Loader,
+    publisher: &StreamPublisher,
 ) -> Outcome {
-    let loaded = loader().await.map_err(Arc::new)?;
+    let loaded = loader(publisher.clone()).await.map_err(Arc::new)?;
     let response = Arc::new(loaded.response);
     let stored = policy.write && loaded.cacheable;
     if stored {

@@ -10,6 +10,7 @@ use super::retry::{self, AttemptError};
 use crate::{
     config::{Config, RetryConfig, Secret},
     error::GatewayError,
+    metrics::{Metrics, ModelLabel},
 };
 
 /// A provider as the client needs it.
@@ -27,6 +28,8 @@ pub struct Upstream {
     targets: Vec<Target>,
     retry: RetryConfig,
     max_response_bytes: usize,
+    /// Every billable call is counted here, once per call (not per attempt or waiter).
+    metrics: Metrics,
 }
 
 /// A request to send to a provider.
@@ -55,7 +58,7 @@ pub struct Buffered {
 }
 
 impl Upstream {
-    pub fn new(config: &Config) -> anyhow::Result<Self> {
+    pub fn new(config: &Config, metrics: Metrics) -> anyhow::Result<Self> {
         let connect_timeout = config
             .upstreams
             .iter()
@@ -84,6 +87,7 @@ impl Upstream {
             targets,
             retry: config.retry.clone(),
             max_response_bytes: config.limits.max_response_bytes,
+            metrics,
         })
     }
 
@@ -92,8 +96,13 @@ impl Upstream {
     }
 
     /// Sends with retries and reads the whole body. Only a 2xx is `Ok`; the
-    /// provider's final error comes back as `GatewayError::Upstream`.
-    pub async fn call_buffered(&self, outbound: &Outbound) -> Result<Buffered, GatewayError> {
+    /// provider's final error comes back as `GatewayError::Upstream`. The call
+    /// is counted under `model`.
+    pub async fn call_buffered(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+    ) -> Result<Buffered, GatewayError> {
         let started = Instant::now();
         let target = &self.targets[outbound.upstream];
         let (result, attempts) = retry::with_retries(&self.retry, || async {
@@ -115,6 +124,12 @@ impl Upstream {
         .await;
         let elapsed = started.elapsed();
         tracing::info!(upstream = %target.name, attempts, ?elapsed, ok = result.is_ok(), "upstream call");
+        let status = match &result {
+            Ok((status, _, _)) => status.as_str(),
+            Err(err) => outcome_label(err),
+        };
+        self.metrics
+            .upstream_call(&target.name, model, status, attempts, elapsed);
         let (status, headers, body) = result.map_err(|err| name_timeout(err, &target.name))?;
         Ok(Buffered {
             status,
@@ -125,14 +140,43 @@ impl Upstream {
         })
     }
 
+    /// As `call_streaming`, for a billable call: counted under `model` (its
+    /// duration is the time to the response headers).
+    pub async fn call_streaming_billed(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let started = Instant::now();
+        let (result, attempts) = self.streaming_attempts(outbound).await;
+        let code = result.as_ref().map(reqwest::Response::status);
+        let status = match &code {
+            Ok(code) => code.as_str(),
+            Err(err) => outcome_label(err),
+        };
+        let target = &self.targets[outbound.upstream];
+        self.metrics
+            .upstream_call(&target.name, model, status, attempts, started.elapsed());
+        result.map_err(|err| name_timeout(err, &target.name))
+    }
+
     /// Sends with retries until a 2xx response's headers arrive, and returns it
     /// for the caller to stream. Nothing is retried once the body is relayed.
     pub async fn call_streaming(
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
+        let (result, _attempts) = self.streaming_attempts(outbound).await;
         let target = &self.targets[outbound.upstream];
-        let (result, _attempts) = retry::with_retries(&self.retry, || async {
+        result.map_err(|err| name_timeout(err, &target.name))
+    }
+
+    async fn streaming_attempts(
+        &self,
+        outbound: &Outbound,
+    ) -> (Result<reqwest::Response, GatewayError>, usize) {
+        let target = &self.targets[outbound.upstream];
+        retry::with_retries(&self.retry, || async {
             let response = self.send_once(outbound, None).await?;
             let status = response.status();
             if status.is_success() {
@@ -145,8 +189,7 @@ impl Upstream {
                 .map_err(AttemptError::fatal)?;
             Err(status_error(status, &headers, body))
         })
-        .await;
-        result.map_err(|err| name_timeout(err, &target.name))
+        .await
     }
 
     /// Sends the request once; with `timeout`, the whole exchange is bounded
@@ -257,6 +300,18 @@ fn status_error(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Attempt
             retry_after: headers.get(header::RETRY_AFTER).cloned(),
             body,
         },
+    }
+}
+
+/// The `status` label of a call that ended in `err`: the provider's status,
+/// or what went wrong when there was none.
+fn outcome_label(err: &GatewayError) -> &str {
+    match err {
+        GatewayError::Upstream { status, .. } => status.as_str(),
+        GatewayError::UpstreamTimeout { .. } => "timeout",
+        GatewayError::UpstreamUnreachable { .. } => "unreachable",
+        GatewayError::UpstreamInvalid { .. } => "invalid",
+        _ => "error",
     }
 }
 

@@ -11,4 +11,5 @@ mod cluster;
 mod dedup;
 mod retry;
 mod sdk;
+mod streaming;
 mod swr;

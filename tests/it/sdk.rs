@@ -70,8 +70,22 @@ async fn the_openai_python_sdk_works_through_corral() {
     assert_eq!(results["bad_request_error"], "BadRequestError", "{context}");
     assert_eq!(results["bad_request_status"], 400, "{context}");
 
-    // The repeat was served from the cache and the rejected request never left
-    // corral: one chat, one stream, one embeddings call upstream.
+    assert_eq!(results["live_repeat_cache"], "HIT", "{context}");
+    assert!(
+        results["live_usage_total"].as_u64().is_some_and(|n| n > 0),
+        "usage was asked for and received; {context}"
+    );
+    assert!(
+        !results["live_stream_content"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{context}"
+    );
+
+    // The repeat and the first stream were served from the cache (the stream
+    // replayed as SSE), the non-stream repeat of the live stream too, and the
+    // rejected request never left corral: chat, live stream, embeddings upstream.
     let paths: Vec<String> = gateway
         .provider
         .requests()
@@ -87,9 +101,12 @@ async fn the_openai_python_sdk_works_through_corral() {
         ],
         "{context}"
     );
-    assert_eq!(gateway.provider.calls(), 3);
     let streamed = gateway.provider.requests()[1].json().unwrap_or_default();
     assert_eq!(streamed["stream"], true, "the second upstream call streams");
+    assert_eq!(
+        streamed["stream_options"]["include_usage"], true,
+        "upstream is always asked for usage"
+    );
 }
 
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.

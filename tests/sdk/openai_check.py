@@ -17,6 +17,8 @@ MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Say hello to the SDK test."},
 ]
+# Streamed first, so the stream is live from upstream rather than replayed.
+LIVE_MESSAGES = [{"role": "user", "content": "Stream a fresh answer to the SDK test."}]
 
 
 def main() -> int:
@@ -74,6 +76,30 @@ def main() -> int:
             "the streamed content differs from the non-streamed content",
         )
 
+    def live_stream():
+        parts = []
+        for chunk in client.chat.completions.create(
+            model="gpt-4o-mini",
+            temperature=0,
+            messages=LIVE_MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                results["live_usage_total"] = chunk.usage.total_tokens
+        results["live_stream_content"] = "".join(parts)
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", temperature=0, messages=LIVE_MESSAGES
+        )
+        results["live_repeat_cache"] = raw.headers.get("x-corral-cache")
+        results["live_repeat_content"] = raw.parse().choices[0].message.content
+        check(
+            results["live_stream_content"] == results["live_repeat_content"],
+            "the cached answer of a stream differs from the stream",
+        )
+
     def embeddings():
         response = client.embeddings.create(model="text-embedding-3-small", input="hello")
         vector = response.data[0].embedding
@@ -99,6 +125,7 @@ def main() -> int:
     step("chat", chat)
     step("repeat", repeat)
     step("stream", stream)
+    step("live_stream", live_stream)
     step("embeddings", embeddings)
     step("bad_request", bad_request)
 

@@ -1,0 +1,375 @@
+//! [`StreamLog`]: the append-only log of one upstream stream, shared by every caller of a
+//! flight.
+//!
+//! The log keeps every event of the stream, so a reader is only a cursor into it: a caller
+//! that joins late replays everything so far at once and then follows the live tail, a slow
+//! caller falls behind without holding anyone up (the writer never waits for a reader, and
+//! readers never wait for each other), and memory grows with the stream, not with the number
+//! of callers. What was traded away: a stream's events stay in memory until its last handle
+//! is dropped, which is why the log is bounded ([`StreamLog::new`]'s `max_bytes`).
+//!
+//! The events live in a `tokio::sync::watch` channel: an append is one short write lock plus
+//! a wake-up of the readers that are waiting; a reader takes the read lock only to clone the
+//! `Bytes` handle under its cursor.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::watch;
+
+use super::relay::BrokenStream;
+use super::usage::{CallerUsage, UsageFree};
+use super::{DONE_EVENT, done_event, error_event};
+
+/// How a stream ended; the terminal event is also the last event of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEnd {
+    /// Complete: the last event is `data: [DONE]`.
+    Done,
+    /// Broken: the last event is this OpenAI-style error event.
+    Failed(Bytes),
+}
+
+/// Why an event was not appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    /// The log already ended (`Done` or `Failed`); nothing more is accepted.
+    #[error("the stream log has already ended")]
+    Ended,
+    /// The event would take the log past its bound; the log is now `Failed`.
+    #[error("the stream log would exceed {max_bytes} bytes")]
+    Full { max_bytes: usize },
+}
+
+/// The shared log of one stream. Cheap to clone: clones share the log.
+///
+/// Made by [`StreamLog::new`] together with its one [`StreamWriter`]; the flight keeps a
+/// clone so that every caller that joins can take a [`reader`](Self::reader).
+#[derive(Debug, Clone)]
+pub struct StreamLog {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: watch::Sender<LogState>,
+    readers: watch::Sender<ReaderCount>,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    entries: Vec<Entry>,
+    /// Bytes held by `entries`, both views counted.
+    bytes: usize,
+    end: Option<LogEnd>,
+}
+
+/// One event, in both views: the caller who asked for usage gets `event`; the others get
+/// `usage_free`, decided once here so a reader never parses or copies anything.
+#[derive(Debug)]
+struct Entry {
+    event: Bytes,
+    usage_free: UsageFree,
+}
+
+impl Entry {
+    fn new(event: Bytes) -> Self {
+        let usage_free = UsageFree::of(&event);
+        Self { event, usage_free }
+    }
+
+    /// A terminal event (`[DONE]` or an error) reads the same in both views.
+    fn terminal(event: Bytes) -> Self {
+        Self {
+            event,
+            usage_free: UsageFree::Same,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let extra = match &self.usage_free {
+            UsageFree::Rewritten(event) => event.len(),
+            UsageFree::Same | UsageFree::Skip => 0,
+        };
+        self.event.len() + extra
+    }
+
+    fn view(&self, usage: CallerUsage) -> Option<&Bytes> {
+        match (usage, &self.usage_free) {
+            (CallerUsage::Asked, _) | (CallerUsage::NotAsked, UsageFree::Same) => Some(&self.event),
+            (CallerUsage::NotAsked, UsageFree::Skip) => None,
+            (CallerUsage::NotAsked, UsageFree::Rewritten(event)) => Some(event),
+        }
+    }
+}
+
+/// Readers alive now, and whether any ever joined (so that a log nobody has read yet does not
+/// count as abandoned).
+#[derive(Debug, Clone, Copy, Default)]
+struct ReaderCount {
+    live: usize,
+    joined: bool,
+}
+
+impl StreamLog {
+    /// An empty log holding at most `max_bytes` of events, and its one writer.
+    ///
+    /// An append past the bound fails the stream for everyone rather than dropping events:
+    /// a reader must get the whole stream or an error, never a stream with a hole in it.
+    pub fn new(max_bytes: usize) -> (StreamLog, StreamWriter) {
+        let shared = Arc::new(Shared {
+            state: watch::Sender::new(LogState::default()),
+            readers: watch::Sender::new(ReaderCount::default()),
+            max_bytes,
+        });
+        let log = StreamLog {
+            shared: Arc::clone(&shared),
+        };
+        (log, StreamWriter { shared })
+    }
+
+    /// A finished log of a complete stream, for serving a cached stream through the same
+    /// readers as a live one. A trailing `[DONE]` in `events` is optional.
+    pub fn replay(events: impl IntoIterator<Item = Bytes>) -> StreamLog {
+        let (log, mut writer) = StreamLog::new(usize::MAX);
+        for event in events {
+            if event == DONE_EVENT {
+                break;
+            }
+            // Cannot fail: the log is unbounded and has not ended.
+            let _ = writer.append(event);
+        }
+        writer.finish();
+        log
+    }
+
+    /// A new cursor at the first event, for a caller whose own request asked (or not) for usage.
+    pub fn reader(&self, usage: CallerUsage) -> StreamReader {
+        self.shared.readers.send_modify(|count| {
+            count.live += 1;
+            count.joined = true;
+        });
+        StreamReader {
+            state: self.shared.state.subscribe(),
+            cursor: 0,
+            usage,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Readers alive now.
+    pub fn reader_count(&self) -> usize {
+        self.shared.readers.borrow().live
+    }
+
+    /// Resolves once the last reader is gone (at once if readers came and all went); never
+    /// while no reader has joined yet. For `coalesce.cancel_when_abandoned`: the flight races
+    /// its relay against this and drops the relay, which fails the log, when it resolves. A
+    /// caller that joins after that still gets the events so far and then the error event.
+    pub async fn abandoned(&self) {
+        let mut readers = self.shared.readers.subscribe();
+        // The sender lives in `shared`, which `self` keeps alive: this cannot fail.
+        let _ = readers
+            .wait_for(|count| count.joined && count.live == 0)
+            .await;
+    }
+
+    /// How the stream ended, if it has.
+    pub fn end(&self) -> Option<LogEnd> {
+        self.shared.state.borrow().end.clone()
+    }
+
+    /// Waits until the stream ends, and tells how.
+    pub async fn ended(&self) -> LogEnd {
+        let mut state = self.shared.state.subscribe();
+        loop {
+            if let Some(end) = state.borrow_and_update().end.clone() {
+                return end;
+            }
+            if state.changed().await.is_err() {
+                // Unreachable: `self` keeps the sender alive.
+                return LogEnd::Failed(error_event(&BrokenStream::Abandoned.to_string()));
+            }
+        }
+    }
+
+    /// Every event so far (terminal event included), as a caller who asked for usage sees them:
+    /// handles, not copies. For the cache once the stream is `Done`.
+    pub fn events(&self) -> Vec<Bytes> {
+        let state = self.shared.state.borrow();
+        state
+            .entries
+            .iter()
+            .map(|entry| entry.event.clone())
+            .collect()
+    }
+
+    /// Events in the log, terminal event included.
+    pub fn len(&self) -> usize {
+        self.shared.state.borrow().entries.len()
+    }
+
+    /// Whether no event has been appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the log holds (both usage views counted).
+    pub fn bytes(&self) -> usize {
+        self.shared.state.borrow().bytes
+    }
+
+    /// The bound given to [`StreamLog::new`].
+    pub fn max_bytes(&self) -> usize {
+        self.shared.max_bytes
+    }
+}
+
+/// The one writer of a [`StreamLog`].
+///
+/// Dropping it before [`finish`](Self::finish) or [`fail`](Self::fail) (the relay was
+/// cancelled, or its task panicked) fails the log, so readers get an error event instead of
+/// waiting for ever; the same idea as a cache lock whose dropped write permit lets waiters go.
+#[derive(Debug)]
+pub struct StreamWriter {
+    shared: Arc<Shared>,
+}
+
+impl StreamWriter {
+    /// A handle to the log this writer appends to.
+    pub fn log(&self) -> StreamLog {
+        StreamLog {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Appends one event (a complete frame in corral's framing) and wakes the readers.
+    ///
+    /// Past the log's bound the event is not appended and the log fails with an error event.
+    pub fn append(&mut self, event: Bytes) -> Result<(), AppendError> {
+        let entry = Entry::new(event);
+        let max_bytes = self.shared.max_bytes;
+        let mut result = Ok(());
+        self.shared.state.send_if_modified(|state| {
+            if state.end.is_some() {
+                result = Err(AppendError::Ended);
+                return false;
+            }
+            let bytes = state.bytes.saturating_add(entry.bytes());
+            if bytes > max_bytes {
+                result = Err(AppendError::Full { max_bytes });
+                let broken = BrokenStream::TooLarge { max_bytes };
+                terminate(state, LogEnd::Failed(error_event(&broken.to_string())));
+                return true;
+            }
+            state.bytes = bytes;
+            state.entries.push(entry);
+            true
+        });
+        result
+    }
+
+    /// Ends the stream as complete: appends `data: [DONE]`.
+    pub fn finish(self) {
+        self.end(LogEnd::Done);
+    }
+
+    /// Ends the stream as broken: appends `error_event` (see [`super::error_event`]), which
+    /// every reader receives last.
+    pub fn fail(self, error_event: Bytes) {
+        self.end(LogEnd::Failed(error_event));
+    }
+
+    /// A no-op when the log has already ended (for instance because it filled up).
+    fn end(&self, end: LogEnd) {
+        self.shared.state.send_if_modified(|state| {
+            if state.end.is_some() {
+                return false;
+            }
+            terminate(state, end);
+            true
+        });
+    }
+}
+
+impl Drop for StreamWriter {
+    fn drop(&mut self) {
+        let abandoned = error_event(&BrokenStream::Abandoned.to_string());
+        self.end(LogEnd::Failed(abandoned));
+    }
+}
+
+/// Appends the terminal event and records the end. The terminal event is accepted past the
+/// bound: it is small, and without it readers would not learn why their stream stopped.
+fn terminate(state: &mut LogState, end: LogEnd) {
+    let event = match &end {
+        LogEnd::Done => done_event(),
+        LogEnd::Failed(event) => event.clone(),
+    };
+    let entry = Entry::terminal(event);
+    state.bytes = state.bytes.saturating_add(entry.bytes());
+    state.entries.push(entry);
+    state.end = Some(end);
+}
+
+/// A caller's cursor into a [`StreamLog`]: every event from the first, then the live tail,
+/// then nothing after the terminal event. Holds a position, never a copy of the events.
+#[derive(Debug)]
+pub struct StreamReader {
+    state: watch::Receiver<LogState>,
+    cursor: usize,
+    usage: CallerUsage,
+    shared: Arc<Shared>,
+}
+
+impl StreamReader {
+    /// The next event for this caller, waiting for the writer if the reader is caught up;
+    /// `None` after the terminal event.
+    pub async fn next_event(&mut self) -> Option<Bytes> {
+        loop {
+            {
+                // Marking the version seen before looking means an append that lands after
+                // this look wakes the `changed` below: no event can slip between the two.
+                let state = self.state.borrow_and_update();
+                while let Some(entry) = state.entries.get(self.cursor) {
+                    self.cursor += 1;
+                    if let Some(event) = entry.view(self.usage) {
+                        return Some(event.clone());
+                    }
+                }
+                if state.end.is_some() {
+                    return None;
+                }
+            }
+            if self.state.changed().await.is_err() {
+                // Unreachable: `self.shared` keeps the sender alive.
+                return None;
+            }
+        }
+    }
+
+    /// Entries of the log this reader has passed (skipped ones included).
+    pub fn position(&self) -> usize {
+        self.cursor
+    }
+
+    /// The reader as a body stream, for `axum::body::Body::from_stream`. The reader (and so
+    /// the reader count) lives as long as the stream: a client that disconnects drops it.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+        futures::stream::unfold(self, |mut reader| async move {
+            let event = reader.next_event().await?;
+            Some((Ok(event), reader))
+        })
+    }
+}
+
+impl Drop for StreamReader {
+    fn drop(&mut self) {
+        self.shared
+            .readers
+            .send_modify(|count| count.live = count.live.saturating_sub(1));
+    }
+}

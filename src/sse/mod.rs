@@ -1,0 +1,82 @@
+//! Streamed completions (`stream: true`): the building blocks of streaming coalescing.
+//!
+//! - `log.rs`: [`StreamLog`], the shared, append-only log of one upstream stream's events.
+//!   One [`StreamWriter`] appends; every identical caller reads it through its own
+//!   [`StreamReader`] cursor, from the first event on, at its own pace.
+//! - `relay.rs`: [`relay`] parses the provider's SSE body, appends each event to the log in one
+//!   canonical framing, and turns a broken stream (cut short, stalled, malformed, too large)
+//!   into an OpenAI-style error event that ends every reader's stream.
+//! - `usage.rs`: the upstream request always asks for usage ([`force_include_usage`]) so cost
+//!   can be accounted; a caller that did not ask sees the stream it would have received
+//!   without it ([`CallerUsage`], [`without_usage`]).
+//! - `convert.rs`: [`assemble`] turns a completed stream into the equivalent non-stream
+//!   answer and [`synthesize`] turns a non-stream answer into a valid stream, so one cache
+//!   entry serves both kinds of caller.
+//!
+//! Every event handled here is one complete SSE frame, `data: <json>\n\n` or
+//! `data: [DONE]\n\n`, held as reference-counted [`Bytes`]: a follower receives a clone of the
+//! handle, never a copy of the bytes. The SSE grammar itself is parsed by the `sse-stream`
+//! crate; `eventsource-stream` was passed over because it panics on a stream that begins with
+//! a UTF-8 byte-order mark and buffers without bound past invalid UTF-8.
+
+mod convert;
+mod log;
+mod relay;
+mod usage;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+pub use convert::{ConvertError, assemble, synthesize};
+pub use log::{AppendError, LogEnd, StreamLog, StreamReader, StreamWriter};
+pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response};
+pub use usage::{CallerUsage, UpstreamStreamRequest, force_include_usage, without_usage};
+
+/// The event that ends every complete stream.
+pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// `error.code` of the error event a reader of a broken stream receives last.
+pub const BROKEN_STREAM_CODE: &str = "upstream_stream_broken";
+
+/// The `[DONE]` event, without allocating.
+pub fn done_event() -> Bytes {
+    Bytes::from_static(DONE_EVENT)
+}
+
+/// `value` framed as one SSE event, `data: <compact json>\n\n`.
+///
+/// This is the one framing corral sends: whatever line endings, `data:` spacing or multi-line
+/// data the provider used, every reader (and every cached replay) gets the same bytes.
+pub fn data_event(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The OpenAI-style error event that ends a broken stream, in the shape of the gateway's own
+/// error bodies. The message is for clients: detail belongs in logs.
+pub fn error_event(message: &str) -> Bytes {
+    data_event(&json!({
+        "error": {
+            "message": message,
+            "type": "server_error",
+            "param": null,
+            "code": BROKEN_STREAM_CODE,
+        }
+    }))
+}
+
+/// The JSON text of an event in corral's framing (`None` for `[DONE]` or any other frame).
+fn event_json(event: &[u8]) -> Option<&[u8]> {
+    let json = event.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
+    (json != b"[DONE]").then_some(json)
+}
+
+/// The JSON object an event in corral's framing carries, if it carries one.
+fn event_object(event: &[u8]) -> Option<serde_json::Map<String, Value>> {
+    match serde_json::from_slice(event_json(event)?) {
+        Ok(Value::Object(object)) => Some(object),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

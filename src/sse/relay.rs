@@ -1,0 +1,247 @@
+//! [`relay`]: the provider's SSE body into a [`StreamLog`], one canonical event at a time.
+//!
+//! Each `data:` event is checked to be a JSON object and appended as `data: <json>\n\n`
+//! (whatever line endings, spacing, comments or multi-line data the provider used), so that
+//! every reader and every cached replay gets the same bytes. `data: [DONE]` ends the stream as
+//! complete. Anything else that ends it is a broken stream: the body ends first, an event is
+//! not JSON, no event arrives within the stall timeout, reading fails, the body grows past the
+//! log's bound, or the provider sends its own error event. Every reader then receives an
+//! OpenAI-style error event (the provider's own, in the last case) as its last event, and the
+//! summary says the stream must not be cached.
+
+use std::error::Error as StdError;
+use std::pin::pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
+use serde_json::{Value, json};
+use sse_stream::SseByteStream;
+
+use super::log::{AppendError, StreamWriter};
+use super::{data_event, error_event};
+use crate::cache::Usage;
+
+/// Why a stream did not complete. `Display` is the message clients receive in the error
+/// event; `detail` fields are for logs only.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BrokenStream {
+    #[error("the upstream stream ended before [DONE]")]
+    EndedWithoutDone,
+    #[error("the upstream stream sent no event for {0:?}")]
+    Stalled(Duration),
+    #[error("the upstream stream sent a malformed event")]
+    Malformed { detail: String },
+    #[error("reading the upstream stream failed")]
+    Transport { detail: String },
+    #[error("the upstream stream exceeded the gateway's limit of {max_bytes} bytes")]
+    TooLarge { max_bytes: usize },
+    /// The provider sent an error event; it is relayed as it came.
+    #[error("the upstream stream sent an error event")]
+    UpstreamError,
+    /// The writer was dropped before the stream ended (the flight was cancelled).
+    #[error("the upstream stream was cancelled before it ended")]
+    Abandoned,
+}
+
+/// How a relayed stream ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RelayOutcome {
+    /// `[DONE]` arrived: the stream may be cached.
+    Completed,
+    /// Readers received an error event; nothing may be cached.
+    Broken(BrokenStream),
+}
+
+/// What a finished relay leaves behind for the flight.
+#[derive(Debug, Clone)]
+pub struct RelaySummary {
+    pub outcome: RelayOutcome,
+    /// Every event of the log, terminal event included, as a caller who asked for usage
+    /// received them (handles to the log's bytes). What the cache stores when `Completed`.
+    pub events: Vec<Bytes>,
+    /// The token counts of the last chunk that carried non-null `usage`, if any did.
+    pub usage: Option<Usage>,
+}
+
+impl RelaySummary {
+    /// Whether the stream completed with `[DONE]`.
+    pub fn completed(&self) -> bool {
+        self.outcome == RelayOutcome::Completed
+    }
+}
+
+/// Relays the body of a successful streamed upstream response. Checking the status (and
+/// retrying) is the caller's business and happens before: nothing is retried once an event
+/// may have reached a reader.
+pub async fn relay_response(
+    response: reqwest::Response,
+    writer: StreamWriter,
+    stall_timeout: Duration,
+) -> RelaySummary {
+    relay(response.bytes_stream(), writer, stall_timeout).await
+}
+
+/// Reads `body` as SSE into the writer's log until `[DONE]` or a broken stream, then ends the
+/// log (complete or failed) and returns the summary.
+///
+/// `stall_timeout` bounds the wait for each event, the first one included. Comments (such as
+/// keep-alives) are not events: they do not count as progress. The raw body is bounded by the
+/// log's `max_bytes` too, because the parser buffers an incomplete line in memory until it
+/// ends. Once `[DONE]` arrives the rest of the body is not read. Dropping the returned future
+/// drops the writer, which fails the log for its readers.
+pub async fn relay<S, E>(body: S, writer: StreamWriter, stall_timeout: Duration) -> RelaySummary
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let log = writer.log();
+    let max_bytes = log.max_bytes();
+    let mut read = 0_usize;
+    let input = body.map(move |chunk| {
+        let chunk = chunk.map_err(|error| ReadError::Transport(error.into()))?;
+        read = read.saturating_add(chunk.len());
+        if read > max_bytes {
+            return Err(ReadError::TooLarge);
+        }
+        Ok(chunk)
+    });
+    let mut usage = None;
+    let (outcome, terminal) = read_events(input, writer, stall_timeout, &mut usage).await;
+    if let Some((writer, event)) = terminal {
+        writer.fail(event);
+    }
+    RelaySummary {
+        outcome,
+        events: log.events(),
+        usage,
+    }
+}
+
+/// The relay's loop. Returns the outcome and, for a broken stream whose log has not ended yet,
+/// the writer with the error event to end it with; a completed log is finished here.
+async fn read_events<S>(
+    input: S,
+    mut writer: StreamWriter,
+    stall_timeout: Duration,
+    usage: &mut Option<Usage>,
+) -> (RelayOutcome, Option<(StreamWriter, Bytes)>)
+where
+    S: Stream<Item = Result<Bytes, ReadError>>,
+{
+    let max_bytes = writer.log().max_bytes();
+    let mut events = pin!(SseByteStream::new(input));
+    let broken = loop {
+        let next = match tokio::time::timeout(stall_timeout, events.next()).await {
+            Ok(next) => next,
+            Err(_) => break BrokenStream::Stalled(stall_timeout),
+        };
+        let sse = match next {
+            None => break BrokenStream::EndedWithoutDone,
+            Some(Err(error)) => break classify(error, max_bytes),
+            Some(Ok(sse)) => sse,
+        };
+        let Some(data) = sse.data else {
+            // A block with only `id:`/`retry:`/`event:` fields carries nothing to relay.
+            continue;
+        };
+        if data.trim() == "[DONE]" {
+            writer.finish();
+            return (RelayOutcome::Completed, None);
+        }
+        let chunk = match serde_json::from_str::<Value>(&data) {
+            Ok(Value::Object(chunk)) => chunk,
+            Ok(_) => {
+                break BrokenStream::Malformed {
+                    detail: "event data is JSON but not an object".to_owned(),
+                };
+            }
+            Err(error) => {
+                break BrokenStream::Malformed {
+                    detail: format!("event data is not JSON: {error}"),
+                };
+            }
+        };
+        if chunk.get("error").is_some_and(|error| !error.is_null()) {
+            let event = data_event(&Value::Object(chunk));
+            return (
+                RelayOutcome::Broken(BrokenStream::UpstreamError),
+                Some((writer, event)),
+            );
+        }
+        if sse.event.as_deref() == Some("error") {
+            // Event names are not relayed and clients recognise an error event by its
+            // `error` member, so a named error event without one is wrapped in one.
+            let event = data_event(&json!({ "error": chunk }));
+            return (
+                RelayOutcome::Broken(BrokenStream::UpstreamError),
+                Some((writer, event)),
+            );
+        }
+        let has_usage = chunk.get("usage").is_some_and(|usage| !usage.is_null());
+        let event = data_event(&Value::Object(chunk));
+        if has_usage {
+            if let Some(counts) = Usage::from_body(data.as_bytes()) {
+                *usage = Some(counts);
+            }
+        }
+        match writer.append(event) {
+            Ok(()) => {}
+            // The log failed itself with its own error event; nothing more to append.
+            Err(AppendError::Full { max_bytes }) => {
+                return (
+                    RelayOutcome::Broken(BrokenStream::TooLarge { max_bytes }),
+                    None,
+                );
+            }
+            // Only this relay ends the log, so it cannot have ended under it.
+            Err(AppendError::Ended) => break BrokenStream::Abandoned,
+        }
+    };
+    let event = error_event(&broken.to_string());
+    (RelayOutcome::Broken(broken), Some((writer, event)))
+}
+
+/// An error of the byte stream under the SSE parser.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("reading the upstream body failed: {0}")]
+    Transport(#[source] Box<dyn StdError + Send + Sync>),
+    #[error("the upstream body exceeded the log's bound")]
+    TooLarge,
+}
+
+fn classify(error: sse_stream::Error, max_bytes: usize) -> BrokenStream {
+    match error {
+        sse_stream::Error::Body(source) => match source.downcast::<ReadError>() {
+            Ok(read) => match *read {
+                ReadError::TooLarge => BrokenStream::TooLarge { max_bytes },
+                ReadError::Transport(source) => BrokenStream::Transport {
+                    detail: error_chain(&*source),
+                },
+            },
+            Err(other) => BrokenStream::Transport {
+                detail: error_chain(&*other),
+            },
+        },
+        sse_stream::Error::Utf8Parse(error) => BrokenStream::Malformed {
+            detail: format!("invalid UTF-8: {error}"),
+        },
+        // `UnknownField` (the crate's `strict-fields` feature) and future variants.
+        other => BrokenStream::Malformed {
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// `error` and its sources, as one line for logs.
+fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}

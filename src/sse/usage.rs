@@ -1,0 +1,122 @@
+//! The usage chunk: always requested upstream, shown only to the callers who asked for it.
+//!
+//! With `stream_options.include_usage: true`, OpenAI adds a `"usage": null` member to every
+//! chunk and sends one more chunk before `[DONE]` whose `choices` is empty and whose `usage`
+//! holds the token counts. Without it, chunks carry no `usage` member at all and that last
+//! chunk does not exist. Corral always asks (cost accounting needs the counts, and one upstream
+//! stream serves callers of both kinds), so the log holds the stream as a caller who asked
+//! would receive it, byte for byte in corral's framing. A caller who did not ask is given what
+//! the provider would have sent it: every chunk without its top-level `usage` member and
+//! without the usage-only chunk. Removing `"usage": null` rather than passing it through is
+//! deliberate: strict clients and SDK models that were generated without the field must see
+//! exactly the stream they would have seen without corral.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::{data_event, event_object};
+
+/// Whether a caller asked for the usage chunk itself (`stream_options.include_usage: true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerUsage {
+    /// The caller asked: it receives the stream exactly as the provider sent it.
+    Asked,
+    /// The caller did not ask: no `usage` members and no usage-only chunk.
+    NotAsked,
+}
+
+impl CallerUsage {
+    /// What the caller's own request body asked for; anything but a literal `true` is "not asked",
+    /// as it is for OpenAI.
+    pub fn of(body: &Map<String, Value>) -> Self {
+        let asked = body
+            .get("stream_options")
+            .and_then(|options| options.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if asked { Self::Asked } else { Self::NotAsked }
+    }
+}
+
+/// The body of a streamed flight's upstream request, and what its owner asked for.
+#[derive(Debug, Clone)]
+pub struct UpstreamStreamRequest {
+    /// The caller's body with `stream: true` and `stream_options.include_usage: true`.
+    pub body: Bytes,
+    /// Whether the caller had asked for usage itself (for the reader it is given).
+    pub caller_usage: CallerUsage,
+}
+
+/// The body to send upstream for a streamed flight: the caller's body with `stream: true` and
+/// `stream_options.include_usage: true`, every other member (other stream options included)
+/// unchanged.
+///
+/// `stream` is forced too because OpenAI rejects `stream_options` on a request that does not
+/// stream, and a flight that also serves non-stream callers streams upstream. A
+/// `stream_options` that is neither absent, `null` nor an object is left alone: the provider
+/// rejects it as it would have without corral, rather than corral quietly repairing it.
+pub fn force_include_usage(body: &Map<String, Value>) -> UpstreamStreamRequest {
+    let caller_usage = CallerUsage::of(body);
+    let mut upstream = body.clone();
+    upstream.insert("stream".to_owned(), Value::Bool(true));
+    let options = upstream
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if options.is_null() {
+        *options = Value::Object(Map::new());
+    }
+    if let Value::Object(options) = options {
+        options.insert("include_usage".to_owned(), Value::Bool(true));
+    }
+    UpstreamStreamRequest {
+        body: Bytes::from(Value::Object(upstream).to_string()),
+        caller_usage,
+    }
+}
+
+/// How one logged event looks to a caller who did not ask for usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum UsageFree {
+    /// The event carries no `usage` member: the same bytes.
+    Same,
+    /// The usage-only chunk: not sent at all.
+    Skip,
+    /// The event re-framed without its `usage` member.
+    Rewritten(Bytes),
+}
+
+impl UsageFree {
+    /// Decides, once per logged event, what a caller who did not ask for usage receives.
+    pub(super) fn of(event: &[u8]) -> Self {
+        let Some(mut chunk) = event_object(event) else {
+            return Self::Same;
+        };
+        let Some(usage) = chunk.remove("usage") else {
+            return Self::Same;
+        };
+        let no_choices = match chunk.get("choices") {
+            None => true,
+            Some(Value::Array(choices)) => choices.is_empty(),
+            Some(_) => false,
+        };
+        if !usage.is_null() && no_choices {
+            // The chunk exists only because usage was requested.
+            return Self::Skip;
+        }
+        // `"usage": null` on an ordinary chunk, or counts on a content chunk (some
+        // OpenAI-compatible servers report usage there): the chunk stays, the member goes.
+        Self::Rewritten(data_event(&Value::Object(chunk)))
+    }
+}
+
+/// `event` as a caller who did not ask for usage receives it; `None` when it receives nothing.
+///
+/// For replaying a cached stream event by event; a [`StreamReader`](super::StreamReader)
+/// made with [`CallerUsage::NotAsked`] applies the same rule, computed once per event.
+pub fn without_usage(event: &Bytes) -> Option<Bytes> {
+    match UsageFree::of(event) {
+        UsageFree::Same => Some(event.clone()),
+        UsageFree::Skip => None,
+        UsageFree::Rewritten(event) => Some(event),
+    }
+}

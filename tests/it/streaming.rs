@@ -1,0 +1,301 @@
+//! Streaming coalescing: one upstream SSE stream shared live by every
+//! identical caller, replayed from the cache, mixed with non-stream callers,
+//! across instances, and broken streams.
+
+use std::{collections::HashSet, time::Duration};
+
+use bytes::Bytes;
+use corral::{
+    config::RedisConfig,
+    mock::{MockProvider, MockSettings},
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::{
+    harness::{Fleet, Reply, TestGateway, WAIT, chat, collect, count_status},
+    redis_server::RedisServer,
+};
+
+const PATH: &str = "/v1/chat/completions";
+
+fn streaming(content: &str) -> Value {
+    let mut body = chat(content);
+    body["stream"] = json!(true);
+    body
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn events(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    text.split("\n\n")
+        .filter(|frame| !frame.trim().is_empty())
+        .map(|frame| {
+            frame
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("not a data event: {frame:?}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Checks a complete, parseable OpenAI stream and returns its assembled content.
+fn assembled_content(reply: &Reply) -> String {
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = events(&reply.body);
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "ends with [DONE]"
+    );
+    let mut content = String::new();
+    let mut finished = false;
+    for event in &events[..events.len() - 1] {
+        let chunk: Value = serde_json::from_str(event).expect("every event is JSON");
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        if let Some(choice) = chunk["choices"].get(0) {
+            content.push_str(choice["delta"]["content"].as_str().unwrap_or_default());
+            finished |= choice["finish_reason"].is_string();
+        }
+    }
+    assert!(finished, "the stream carries a finish_reason");
+    content
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_identical_streams_share_one_upstream_stream() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let body = streaming("stream to five hundred");
+    let replies = gateway.herd(PATH, &body, 500, &[]).await;
+    assert_eq!(gateway.provider.calls(), 1);
+    let bodies: HashSet<&[u8]> = replies.iter().map(|r| r.body.as_ref()).collect();
+    assert_eq!(bodies.len(), 1, "every caller receives the owner's bytes");
+    assert_eq!(count_status(&replies, "MISS"), 1);
+    assert_eq!(count_status(&replies, "COALESCED"), 499);
+    let content = assembled_content(&replies[0]);
+    let plain = gateway.post(PATH, &chat("stream to five hundred")).await;
+    assert_eq!(plain.cache(), "HIT", "the completed stream was cached");
+    assert_eq!(
+        plain.json()["choices"][0]["message"]["content"],
+        content.as_str()
+    );
+    assert_eq!(gateway.provider.calls(), 1);
+    // Upstream was asked for usage; these callers did not ask and do not see it.
+    let sent = gateway.provider.requests()[0].json().unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert!(
+        !events(&replies[0].body)
+            .iter()
+            .any(|e| e.contains("\"usage\""))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_joining_halfway_receives_the_whole_stream() {
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(25),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let gateway = TestGateway::start_with(provider, |_| {}).await;
+    let body = streaming("a long answer that streams word by word so that someone can join late");
+    let mut owner = gateway
+        .client
+        .post(format!("{}{PATH}", gateway.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(owner.headers()["x-corral-cache"], "MISS");
+    let mut owner_bytes = Vec::new();
+    // Read a few events first: the follower joins a stream already under way.
+    while events_in(&owner_bytes) < 4 {
+        let chunk = tokio::time::timeout(WAIT, owner.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    let follower = gateway.post(PATH, &body).await;
+    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    assert_eq!(follower.cache(), "COALESCED", "joined the live flight");
+    assert_eq!(
+        follower.body,
+        Bytes::from(owner_bytes),
+        "byte for byte the owner's stream"
+    );
+    assert_eq!(gateway.provider.calls(), 1);
+}
+
+fn events_in(bytes: &[u8]) -> usize {
+    bytes.windows(2).filter(|w| w == b"\n\n").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_upstream_stream_through_redis() {
+    let redis = RedisServer::spawn().await;
+    let fleet = Fleet::start(3, |config| {
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(200),
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    let body = streaming("streamed across the cluster");
+    let replies = fleet.herd(PATH, &body, 300).await;
+    assert_eq!(
+        fleet.provider.calls(),
+        1,
+        "one upstream call in the cluster"
+    );
+    let contents: HashSet<String> = replies.iter().map(assembled_content).collect();
+    assert_eq!(contents.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_and_non_stream_callers_share_one_call() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let content = "mixed callers";
+    gateway.provider.hold();
+    let handle = gateway.clone_handle();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let handle = handle.clone();
+        let body = if i % 2 == 0 {
+            streaming(content)
+        } else {
+            chat(content)
+        };
+        tasks.push(tokio::spawn(async move {
+            (i % 2 == 0, handle.post_with(PATH, &body, &[]).await)
+        }));
+    }
+    gateway.wait_for_waiters(200).await;
+    gateway.provider.release();
+    let mut streamed = HashSet::new();
+    let mut plain = HashSet::new();
+    for task in tasks {
+        let (is_stream, reply) = task.await.unwrap();
+        if is_stream {
+            streamed.insert(assembled_content(&reply));
+        } else {
+            assert_eq!(reply.status, StatusCode::OK);
+            let json = reply.json();
+            assert_eq!(json["object"], "chat.completion");
+            plain.insert(
+                json["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(gateway.provider.calls(), 1);
+    assert_eq!(streamed.len(), 1);
+    assert_eq!(streamed, plain, "both kinds see the same answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_leaving_after_the_first_chunk_does_not_cut_the_stream() {
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(20),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let gateway = TestGateway::start_with(provider, |_| {}).await;
+    let body = streaming("the owner hangs up early but the others keep listening");
+    gateway.provider.hold();
+    let owner = {
+        let client = gateway.client.clone();
+        let url = format!("{}{PATH}", gateway.url);
+        let body = body.clone();
+        tokio::spawn(async move {
+            let mut response = client.post(url).json(&body).send().await.unwrap();
+            // One chunk, then the connection is dropped.
+            response.chunk().await.unwrap();
+        })
+    };
+    gateway.wait_for_calls(1).await;
+    let followers: Vec<_> = (0..10)
+        .map(|_| {
+            let handle = gateway.clone_handle();
+            let body = body.clone();
+            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
+        })
+        .collect();
+    gateway.wait_for_waiters(11).await;
+    gateway.provider.release();
+    owner.await.unwrap();
+    let replies = collect(followers).await;
+    let contents: HashSet<String> = replies.iter().map(assembled_content).collect();
+    assert_eq!(contents.len(), 1, "every follower got the complete stream");
+    gateway.wait_idle().await;
+    let cached = gateway.post(PATH, &body).await;
+    assert_eq!(cached.cache(), "HIT", "the stream was cached");
+    assert_eq!(assembled_content(&cached), *contents.iter().next().unwrap());
+    assert_eq!(gateway.provider.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_stream_fails_every_follower_and_is_not_cached() {
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.set_truncate_streams(true);
+    let body = streaming("this stream will break");
+    let replies = gateway.herd(PATH, &body, 20, &[]).await;
+    for reply in &replies {
+        let events = events(&reply.body);
+        let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+        assert_eq!(
+            last["error"]["code"], "upstream_stream_broken",
+            "{events:?}"
+        );
+        assert!(!events.iter().any(|e| e == "[DONE]"));
+    }
+    assert_eq!(gateway.provider.calls(), 1);
+    gateway.wait_idle().await;
+    gateway.provider.set_truncate_streams(false);
+    let next = gateway.post(PATH, &body).await;
+    assert_eq!(next.cache(), "MISS", "nothing was cached");
+    assembled_content(&next);
+    assert_eq!(gateway.provider.calls(), 2);
+}
+
+#[tokio::test]
+async fn cached_answers_serve_both_kinds_of_caller() {
+    let gateway = TestGateway::start(|_| {}).await;
+    // Non-stream first: a stream request replays it as SSE.
+    let plain = gateway.post(PATH, &chat("cached both ways")).await;
+    let replayed = gateway.post(PATH, &streaming("cached both ways")).await;
+    assert_eq!(replayed.cache(), "HIT");
+    assert_eq!(
+        assembled_content(&replayed),
+        plain.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+    );
+    // A caller who asks for usage gets the usage chunk; one who does not, does not.
+    let mut with_usage = streaming("cached both ways");
+    with_usage["stream_options"] = json!({"include_usage": true});
+    let usage_reply = gateway.post(PATH, &with_usage).await;
+    let usage_events = events(&usage_reply.body);
+    let usage_chunk: Value = serde_json::from_str(&usage_events[usage_events.len() - 2]).unwrap();
+    assert_eq!(usage_chunk["usage"], plain.json()["usage"]);
+    assert_eq!(gateway.provider.calls(), 1);
+}
