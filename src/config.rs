@@ -381,7 +381,10 @@ impl<'de> Deserialize<'de> for PriceTable {
             ) -> Result<PriceTable, A::Error> {
                 let mut entries: Vec<(String, ModelPrice)> = Vec::new();
                 while let Some((name, price)) = map.next_entry::<String, ModelPrice>()? {
-                    if entries.iter().any(|(seen, _)| seen.eq_ignore_ascii_case(&name)) {
+                    if entries
+                        .iter()
+                        .any(|(seen, _)| seen.eq_ignore_ascii_case(&name))
+                    {
                         return Err(serde::de::Error::custom(format!(
                             "model `{name}` is priced twice"
                         )));
@@ -774,8 +777,14 @@ mod tests {
     #[test]
     fn pricing_errors_name_the_model_and_field() {
         for (models, expected) in [
-            ("gpt-4o: {input: -1, output: 1}", "pricing.models.gpt-4o.input"),
-            ("gpt-4o: {input: 1, output: .nan}", "pricing.models.gpt-4o.output"),
+            (
+                "gpt-4o: {input: -1, output: 1}",
+                "pricing.models.gpt-4o.input",
+            ),
+            (
+                "gpt-4o: {input: 1, output: .nan}",
+                "pricing.models.gpt-4o.output",
+            ),
             ("'gpt-[': {input: 1}", "pricing.models.gpt-["),
             ("other: {input: 1}", "pricing.models.other"),
             ("gpt-4o: {input: 1, outptu: 2}", "outptu"),
@@ -810,7 +819,10 @@ mod tests {
     #[test]
     fn the_shipped_pricing_covers_the_common_models() {
         let config = Config::load(EMBEDDED_DEFAULT, []).unwrap();
-        assert!(config.pricing.as_of.is_some(), "the table says when prices were taken");
+        assert!(
+            config.pricing.as_of.is_some(),
+            "the table says when prices were taken"
+        );
         let names: Vec<&str> = config
             .pricing
             .models
@@ -818,7 +830,12 @@ mod tests {
             .iter()
             .map(|(name, _)| name.as_str())
             .collect();
-        for model in ["gpt-4o", "gpt-4o-mini", "text-embedding-3-small", "claude-sonnet-4*"] {
+        for model in [
+            "gpt-4o",
+            "gpt-4o-mini",
+            "text-embedding-3-small",
+            "claude-sonnet-4*",
+        ] {
             assert!(names.contains(&model), "{model} missing from {names:?}");
         }
     }

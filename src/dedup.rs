@@ -10,6 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -18,7 +19,7 @@ use crate::{
     coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
-    metrics::ModelLabel,
+    metrics::{Metrics, ModelLabel},
     request::DedupRequest,
     sse::{self, StreamLog},
     state::AppState,
@@ -147,14 +148,22 @@ async fn serve_stream(
     let upstream_request = sse::force_include_usage(&body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
-    let loader = stream_loader(app.clone(), outbound, request.endpoint);
+    let model = app.metrics.model(&request.model);
+    let loader = stream_loader(app.clone(), outbound, request.endpoint, model.clone());
     let answer = app
         .coalescer
         .answer(key, request.policy, loader, true)
         .instrument(span.clone())
         .await;
+    // A follower of a live stream: its saving is counted once it has been served.
+    let mut live_saving = None;
     let (reader, status, stored, age) = match answer {
-        Ok(Answer::Live { log, status }) => (log.reader(caller_usage), status, false, None),
+        Ok(Answer::Live { log, status }) => {
+            if status == CacheStatus::Coalesced {
+                live_saving = Some(log.clone());
+            }
+            (log.reader(caller_usage), status, false, None)
+        }
         Ok(Answer::Complete(served)) => {
             if !served.response.status.is_success() {
                 let mut response = response_from(&served.response);
@@ -169,6 +178,8 @@ async fn serve_stream(
                 .map_err(|err| invalid(format!("answer is not JSON: {err}")))?;
             let events = sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?;
             let log = StreamLog::replay(events);
+            app.metrics
+                .served(&model, served.status, served.response.usage);
             (
                 log.reader(caller_usage),
                 served.status,
@@ -186,7 +197,11 @@ async fn serve_stream(
         }
     };
     span.record("cache", status.as_str());
-    let mut response = (StatusCode::OK, Body::from_stream(reader.into_stream())).into_response();
+    let events =
+        reader
+            .into_stream()
+            .chain(count_live_saving(app.metrics.clone(), live_saving, model));
+    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -201,15 +216,24 @@ async fn serve_stream(
 /// the stream begins, relays every event into it, and ends with the assembled
 /// non-stream answer (what the cache stores, and what non-stream callers of
 /// the same flight receive). Retries happen only before the first event.
-fn stream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> Loader {
+fn stream_loader(
+    app: Arc<AppState>,
+    outbound: Outbound,
+    endpoint: Endpoint,
+    model: ModelLabel,
+) -> Loader {
     let outbound = Arc::new(outbound);
     Arc::new(move |publisher: StreamPublisher| {
         let app = app.clone();
         let outbound = outbound.clone();
+        let model = model.clone();
         Box::pin(async move {
             let started = std::time::Instant::now();
             let upstream = app.upstream.name(outbound.upstream).to_owned();
-            let response = app.upstream.call_streaming(&outbound).await?;
+            let response = app
+                .upstream
+                .call_streaming_billed(&outbound, &model)
+                .await?;
             let (log, writer) = StreamLog::new(app.config.limits.max_response_bytes);
             publisher.publish(log.clone());
             let stall = app.config.coalesce.stream_stall_timeout;
@@ -219,6 +243,8 @@ fn stream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> 
                     summary = relay => summary,
                     // Every reader left and nobody waits for the complete answer: stop the spend.
                     _ = abandoned(&log, &publisher) => {
+                        // Paid for, up to where it stopped; how much is unknown.
+                        app.metrics.upstream_usage(&model, None);
                         return Err(GatewayError::UpstreamInvalid {
                             upstream,
                             reason: "stream cancelled: every caller left".to_owned(),
@@ -228,6 +254,8 @@ fn stream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> 
             } else {
                 relay.await
             };
+            // The stream was paid for whether or not it completed.
+            app.metrics.upstream_usage(&model, summary.usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -256,6 +284,31 @@ fn stream_loader(app: Arc<AppState>, outbound: Outbound, endpoint: Endpoint) -> 
             })
         })
     })
+}
+
+/// The end of a live follower's body: a caller that joined a live stream was
+/// served without its own upstream call, and its saving (the stream's usage)
+/// is known once the stream has completed. Counted after its last event and
+/// before its body ends, so a client that read the whole stream sees it
+/// counted; a broken stream, or a caller that left early, saved nothing.
+fn count_live_saving(
+    metrics: Metrics,
+    log: Option<StreamLog>,
+    model: ModelLabel,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    futures::stream::once(async move {
+        if let Some(log) = log
+            && log.end() == Some(sse::LogEnd::Done)
+        {
+            // The usage chunk is the last one before `[DONE]`.
+            let usage = log.events().iter().rev().take(3).find_map(|event| {
+                let json = event.strip_prefix(b"data: ")?;
+                Usage::from_body(json)
+            });
+            metrics.served(&model, CacheStatus::Coalesced, usage);
+        }
+    })
+    .filter_map(|()| async { None })
 }
 
 /// Resolves when every stream reader has gone and no caller waits for the

@@ -11,9 +11,8 @@ const PAGE: &str = include_str!("../../assets/dashboard.html");
 
 pub async fn dashboard() -> Response {
     let mut response = Html(PAGE).into_response();
-    response.headers_mut().insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }

@@ -107,7 +107,11 @@ pub async fn track(State(app): State<Arc<AppState>>, request: Request, next: Nex
             .and_then(|v| v.to_str().ok())
             .map(|hex| &hex[..hex.len().min(FINGERPRINT_PREFIX)])
             .unwrap_or("-");
-        let cache = if endpoint.is_some() { cache.as_str() } else { "-" };
+        let cache = if endpoint.is_some() {
+            cache.as_str()
+        } else {
+            "-"
+        };
         span.in_scope(|| {
             tracing::info!(
                 status = response.status().as_u16(),

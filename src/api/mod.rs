@@ -36,7 +36,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
         // Outermost: every response, errors and fallbacks included, gets the request id.
-        .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
         .with_state(state)
 }
 

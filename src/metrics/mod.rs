@@ -22,10 +22,7 @@ mod stats;
 
 use std::{
     fmt,
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::AtomicU64,
-    },
+    sync::{Arc, Mutex, PoisonError, atomic::AtomicU64},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -429,10 +426,8 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::prometheus_text::encode(
-            &mut text,
-            &self.inner.registry,
-        );
+        let _ =
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.inner.registry);
         text
     }
 }
@@ -487,8 +482,17 @@ mod tests {
         assert_eq!(stats.saved_responses.total, 2);
         assert_eq!(stats.saved_responses.coalesced, 1);
         assert_eq!(stats.saved_responses.stale, 1);
-        assert_eq!(stats.tokens.saved, Tokens { prompt: 8, completion: 7 });
-        assert_eq!(stats.usage_unknown.saved, 1, "no usage: unknown, not invented");
+        assert_eq!(
+            stats.tokens.saved,
+            Tokens {
+                prompt: 8,
+                completion: 7
+            }
+        );
+        assert_eq!(
+            stats.usage_unknown.saved, 1,
+            "no usage: unknown, not invented"
+        );
         let expected = (8.0 * 0.15 + 7.0 * 0.6) / 1e6;
         assert!((stats.cost_usd.saved - expected).abs() < 1e-15);
     }
@@ -500,7 +504,13 @@ mod tests {
         assert_eq!(model.as_str(), "other");
         metrics.upstream_usage(&model, Some(USAGE));
         let stats = metrics.stats();
-        assert_eq!(stats.tokens.upstream, Tokens { prompt: 8, completion: 7 });
+        assert_eq!(
+            stats.tokens.upstream,
+            Tokens {
+                prompt: 8,
+                completion: 7
+            }
+        );
         assert_eq!(stats.cost_usd.upstream, 0.0);
         let other = stats.models.iter().find(|m| m.model == "other").unwrap();
         assert!(!other.priced);

@@ -4,7 +4,10 @@
 //! table, the literal (glob-free) names in `upstreams[].models`, and `other`.
 //! A caller can put any string in `model`; none of them can grow the label set.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    sync::Arc,
+};
 
 use glob::{MatchOptions, Pattern};
 
@@ -85,8 +88,8 @@ impl ModelTable {
                     globs.push((pattern, label.clone()));
                     all.push(label);
                 }
-            } else if !exact.contains_key(&name.to_lowercase()) {
-                exact.insert(name.to_lowercase(), label.clone());
+            } else if let Entry::Vacant(slot) = exact.entry(name.to_lowercase()) {
+                slot.insert(label.clone());
                 all.push(label);
             }
         }
@@ -129,9 +132,7 @@ impl ModelTable {
         if let Some(label) = self.exact.get(&model.to_lowercase()) {
             return label.clone();
         }
-        self.glob_match(model)
-            .unwrap_or(&self.other)
-            .clone()
+        self.glob_match(model).unwrap_or(&self.other).clone()
     }
 
     pub fn all(&self) -> &[ModelLabel] {
@@ -172,7 +173,11 @@ mod tests {
         let table = table(&["claude-custom", "my-finetune", "gpt-*"]);
         let label = |model: &str| table.label(model).as_str().to_owned();
         assert_eq!(label("gpt-4o-mini"), "gpt-4o-mini", "exact wins over globs");
-        assert_eq!(label("GPT-4o-Mini"), "gpt-4o-mini", "case does not split labels");
+        assert_eq!(
+            label("GPT-4o-Mini"),
+            "gpt-4o-mini",
+            "case does not split labels"
+        );
         assert_eq!(label("gpt-4o-mini-2024-07-18"), "gpt-4o-mini-*");
         assert_eq!(label("gpt-4o-2024-08-06"), "gpt-4o*");
         assert_eq!(label("my-finetune"), "my-finetune", "literal route name");

@@ -8,7 +8,10 @@ mod redis_server;
 
 mod bad_input;
 mod cluster;
+mod dashboard;
 mod dedup;
+mod logs;
+mod metrics;
 mod retry;
 mod sdk;
 mod streaming;
