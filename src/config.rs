@@ -87,6 +87,12 @@ pub struct Config {
     /// Absent: the embedded in-memory mode (one instance, local singleflight).
     #[serde(default)]
     pub redis: Option<RedisConfig>,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
 }
 
 /// The shared L2 cache, cluster-wide owner lock and completion announcements.
@@ -119,6 +125,12 @@ pub struct RedisConfig {
     /// How long the breaker stays open before one probe is let through.
     #[serde(with = "humantime_serde")]
     pub breaker_cool_down: Duration,
+    /// Variable holding the 32-byte key (64 hex digits) cache values in Redis
+    /// are encrypted with. Absent: values are stored in the clear.
+    pub encryption_key_env: Option<String>,
+    /// Resolved at load time from `encryption_key_env`.
+    #[serde(skip)]
+    pub encryption_key: Option<Secret<[u8; 32]>>,
 }
 
 impl Default for RedisConfig {
@@ -134,6 +146,8 @@ impl Default for RedisConfig {
             l1_ttl: Duration::from_secs(5),
             breaker_failures: 3,
             breaker_cool_down: Duration::from_secs(1),
+            encryption_key_env: None,
+            encryption_key: None,
         }
     }
 }
@@ -173,6 +187,22 @@ pub struct UpstreamConfig {
     /// Bound on one attempt, from sending the request to the last body byte.
     #[serde(default = "default_request_timeout", with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// Bound on one attempt until the response headers arrive.
+    #[serde(default = "default_first_byte_timeout", with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// Cap on this upstream's request rate (real calls only; hits and
+    /// coalesced followers spend none of it). Beyond it: 429 + Retry-After.
+    #[serde(default)]
+    pub rate: Option<RateConfig>,
+    /// Cap on concurrent calls to this upstream; beyond it attempts queue.
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// Consecutive failed attempts that open this upstream's circuit.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long the circuit stays open before one probe is let through.
+    #[serde(default = "default_breaker_cool_down", with = "humantime_serde")]
+    pub breaker_cool_down: Duration,
     /// Resolved at load time from `api_key_env` (or `CORRAL_UPSTREAM_API_KEY`).
     #[serde(skip)]
     pub api_key: Option<Secret<String>>,
@@ -272,6 +302,11 @@ pub struct RetryConfig {
     /// Bound on all attempts and the waits between them together.
     #[serde(with = "humantime_serde")]
     pub deadline: Duration,
+    /// Retries per upstream are at most this fraction of first attempts
+    /// (over 10 s), plus `budget_min_per_sec`.
+    pub budget_ratio: f64,
+    /// Retries per second always allowed, so a quiet upstream can still retry.
+    pub budget_min_per_sec: f64,
 }
 
 impl Default for RetryConfig {
@@ -281,6 +316,8 @@ impl Default for RetryConfig {
             base_delay: Duration::from_millis(250),
             max_delay: Duration::from_secs(8),
             deadline: Duration::from_secs(150),
+            budget_ratio: 0.2,
+            budget_min_per_sec: 1.0,
         }
     }
 }
@@ -292,6 +329,14 @@ pub struct LimitsConfig {
     pub max_body_bytes: usize,
     /// Largest upstream response body read into memory (502 beyond).
     pub max_response_bytes: usize,
+    /// Deepest JSON nesting accepted in a request body (400 beyond).
+    pub max_json_depth: usize,
+    /// Most `messages` in one chat request (400 beyond).
+    pub max_messages: usize,
+    /// Per-tenant request rate, per instance (429 + Retry-After beyond).
+    pub per_tenant: Option<RateConfig>,
+    /// `/v1/*` requests served at once, waiters included (503 + Retry-After beyond).
+    pub max_concurrent_requests: Option<usize>,
 }
 
 impl Default for LimitsConfig {
@@ -299,6 +344,74 @@ impl Default for LimitsConfig {
         Self {
             max_body_bytes: 8 * 1024 * 1024,
             max_response_bytes: 32 * 1024 * 1024,
+            max_json_depth: 64,
+            max_messages: 2048,
+            per_tenant: None,
+            max_concurrent_requests: None,
+        }
+    }
+}
+
+/// A token bucket: `rps` requests per second on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    pub rps: u32,
+    pub burst: u32,
+}
+
+/// Gateway keys and the tenant secret.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// SHA-256 hashes (hex) of the accepted gateway keys (`printf %s KEY | sha256sum`).
+    pub keys: Vec<String>,
+    /// Variable holding accepted gateway keys themselves, comma-separated.
+    pub keys_env: Option<String>,
+    /// Variable holding the secret tenant scopes are keyed with (HMAC-SHA-256).
+    pub tenant_secret_env: Option<String>,
+    /// Resolved at load: every accepted key's hash, from `keys` and `keys_env`.
+    #[serde(skip)]
+    pub key_hashes: Vec<[u8; 32]>,
+    /// Resolved at load from `tenant_secret_env`.
+    #[serde(skip)]
+    pub tenant_secret: Option<Secret<Vec<u8>>>,
+}
+
+/// Connection-level timeouts of the HTTP server.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// A request's head must arrive within this (idle keep-alive included).
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// A request's body must arrive within this (408 after).
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// On SIGTERM/SIGINT, how long running requests and flights may finish
+    /// before their upstream calls are cut.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -418,6 +531,15 @@ fn default_connect_timeout() -> Duration {
 fn default_request_timeout() -> Duration {
     Duration::from_secs(120)
 }
+fn default_first_byte_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_breaker_failures() -> u32 {
+    5
+}
+fn default_breaker_cool_down() -> Duration {
+    Duration::from_secs(10)
+}
 
 impl Config {
     /// Parses YAML, applies `CORRAL_*` overrides from `env`, resolves provider
@@ -437,6 +559,7 @@ impl Config {
             ConfigError::key(path, err.into_inner().to_string())
         })?;
         config.resolve_keys(&env)?;
+        config.resolve_protection_secrets(&env)?;
         config.validate()?;
         Ok(config)
     }
@@ -461,7 +584,156 @@ impl Config {
         config.retry.deadline = Duration::from_secs(20);
         config.coalesce.wait_timeout = Duration::from_secs(30);
         config.upstreams[0].request_timeout = Duration::from_secs(30);
+        // Tests about other things must not trip the protections; theirs set them.
+        config.upstreams[0].breaker_failures = 1_000_000;
+        config.retry.budget_min_per_sec = 1_000_000.0;
         config
+    }
+
+    /// Gateway keys, the tenant secret and the Redis encryption key, from `env`.
+    fn resolve_protection_secrets(
+        &mut self,
+        env: &BTreeMap<&str, &str>,
+    ) -> Result<(), ConfigError> {
+        let required = |var: &str, key: &str| {
+            env.get(var).copied().ok_or_else(|| ConfigError::Env {
+                var: var.to_owned(),
+                message: format!("not set, but {key} names it"),
+            })
+        };
+        let auth = &mut self.auth;
+        auth.key_hashes.clear();
+        for (i, hash) in auth.keys.iter().enumerate() {
+            let mut bytes = [0u8; 32];
+            hex::decode_to_slice(hash.trim(), &mut bytes).map_err(|_| {
+                ConfigError::key(
+                    format!("auth.keys[{i}]"),
+                    "must be the SHA-256 of a key, 64 hex digits (printf %s KEY | sha256sum)",
+                )
+            })?;
+            auth.key_hashes.push(bytes);
+        }
+        if let Some(var) = &auth.keys_env {
+            let keys = required(var, "auth.keys_env")?;
+            for key in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+                auth.key_hashes.push(crate::auth::key_hash(key.as_bytes()));
+            }
+            if auth.key_hashes.is_empty() {
+                return Err(ConfigError::Env {
+                    var: var.clone(),
+                    message: "holds no key (auth.keys_env wants comma-separated keys)".into(),
+                });
+            }
+        }
+        if let Some(var) = &auth.tenant_secret_env {
+            let secret = required(var, "auth.tenant_secret_env")?;
+            if secret.len() < 16 {
+                return Err(ConfigError::Env {
+                    var: var.clone(),
+                    message: "the tenant secret must be at least 16 bytes".into(),
+                });
+            }
+            auth.tenant_secret = Some(Secret::new(secret.as_bytes().to_vec()));
+        }
+        if let Some(redis) = &mut self.redis
+            && let Some(var) = &redis.encryption_key_env
+        {
+            let text = required(var, "redis.encryption_key_env")?;
+            let key =
+                crate::crypto::Sealer::parse_key(text).map_err(|message| ConfigError::Env {
+                    var: var.clone(),
+                    message,
+                })?;
+            redis.encryption_key = Some(Secret::new(key));
+        }
+        Ok(())
+    }
+
+    /// The protection settings' checks, each naming its key.
+    fn validate_protection(&self) -> Result<(), ConfigError> {
+        let rate = |rate: &RateConfig, key: &str| {
+            if rate.rps == 0 || rate.burst == 0 {
+                return Err(ConfigError::key(key, "rps and burst must be at least 1"));
+            }
+            Ok(())
+        };
+        if let Some(per_tenant) = &self.limits.per_tenant {
+            rate(per_tenant, "limits.per_tenant")?;
+        }
+        if self.limits.max_concurrent_requests == Some(0) {
+            return Err(ConfigError::key(
+                "limits.max_concurrent_requests",
+                "must be at least 1",
+            ));
+        }
+        if self.limits.max_json_depth < 2 || self.limits.max_json_depth > 128 {
+            return Err(ConfigError::key(
+                "limits.max_json_depth",
+                "must be between 2 and 128",
+            ));
+        }
+        if self.limits.max_messages == 0 {
+            return Err(ConfigError::key(
+                "limits.max_messages",
+                "must be at least 1",
+            ));
+        }
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            if let Some(upstream_rate) = &upstream.rate {
+                rate(upstream_rate, &format!("upstreams[{i}].rate"))?;
+            }
+            if upstream.max_concurrency == Some(0) {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].max_concurrency"),
+                    "must be at least 1",
+                ));
+            }
+            if upstream.breaker_failures == 0 {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].breaker_failures"),
+                    "must be at least 1",
+                ));
+            }
+            if upstream.first_byte_timeout.is_zero() || upstream.request_timeout.is_zero() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].first_byte_timeout"),
+                    "first_byte_timeout and request_timeout must be above zero",
+                ));
+            }
+            // With gateway keys, the caller's Authorization is a gateway key:
+            // forwarding it would hand it to the provider.
+            if !self.auth.key_hashes.is_empty() && upstream.api_key.is_none() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].api_key_env"),
+                    "is required when auth.keys or auth.keys_env is set (the caller's key is a gateway key, not a provider key)",
+                ));
+            }
+        }
+        if !(self.retry.budget_ratio.is_finite() && self.retry.budget_ratio >= 0.0) {
+            return Err(ConfigError::key(
+                "retry.budget_ratio",
+                "must be a number >= 0",
+            ));
+        }
+        if !(self.retry.budget_min_per_sec.is_finite() && self.retry.budget_min_per_sec >= 0.0) {
+            return Err(ConfigError::key(
+                "retry.budget_min_per_sec",
+                "must be a number >= 0",
+            ));
+        }
+        if self.server.header_read_timeout.is_zero() || self.server.body_read_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "server.header_read_timeout",
+                "header_read_timeout and body_read_timeout must be above zero",
+            ));
+        }
+        if self.shutdown.drain_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "shutdown.drain_timeout",
+                "must be above zero",
+            ));
+        }
+        Ok(())
     }
 
     fn resolve_keys(&mut self, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
@@ -487,6 +759,7 @@ impl Config {
 
     /// Checks what types alone cannot; every message names its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_protection()?;
         if self.upstreams.is_empty() {
             return Err(ConfigError::key(
                 "upstreams",
@@ -838,6 +1111,82 @@ mod tests {
         ] {
             assert!(names.contains(&model), "{model} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn protection_settings_load_from_yaml_and_env() {
+        let yaml = format!(
+            "{BASE}    api_key_env: PROVIDER_KEY\n    rate: {{rps: 50, burst: 100}}\n    max_concurrency: 8\n    first_byte_timeout: 5s\nlimits:\n  per_tenant: {{rps: 5, burst: 10}}\nauth:\n  keys: ['{}']\n  keys_env: GATEWAY_KEYS\n  tenant_secret_env: TENANT_SECRET\nserver:\n  header_read_timeout: 3s\nshutdown:\n  drain_timeout: 7s\nredis:\n  url: redis://127.0.0.1:6379\n  encryption_key_env: CACHE_KEY\n",
+            "ab".repeat(32)
+        );
+        let config = Config::load(
+            &yaml,
+            [
+                ("PROVIDER_KEY", "sk-provider"),
+                ("GATEWAY_KEYS", "gw-1, gw-2"),
+                ("TENANT_SECRET", "a-secret-of-sixteen+"),
+                ("CACHE_KEY", &"cd".repeat(32)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.limits.per_tenant,
+            Some(RateConfig { rps: 5, burst: 10 })
+        );
+        assert_eq!(config.upstreams[0].max_concurrency, Some(8));
+        assert_eq!(config.auth.key_hashes.len(), 3);
+        assert_eq!(config.auth.key_hashes[1], crate::auth::key_hash(b"gw-1"));
+        assert!(config.auth.tenant_secret.is_some());
+        assert_eq!(
+            config
+                .redis
+                .as_ref()
+                .unwrap()
+                .encryption_key
+                .as_ref()
+                .unwrap()
+                .expose(),
+            &[0xcd; 32]
+        );
+        assert_eq!(config.server.header_read_timeout, Duration::from_secs(3));
+        assert_eq!(config.shutdown.drain_timeout, Duration::from_secs(7));
+        assert!(!format!("{config:?}").contains("a-secret-of-sixteen"));
+    }
+
+    #[test]
+    fn protection_errors_name_the_key() {
+        let cases = [
+            (
+                "limits:\n  per_tenant: {rps: 0, burst: 1}\n",
+                "limits.per_tenant",
+            ),
+            ("auth:\n  keys: [nothex]\n", "auth.keys[0]"),
+            ("auth:\n  tenant_secret_env: MISSING\n", "MISSING"),
+            ("shutdown:\n  drain_timeout: 0s\n", "shutdown.drain_timeout"),
+            ("limits:\n  max_json_depth: 500\n", "limits.max_json_depth"),
+            ("server:\n  typo: 1s\n", "typo"),
+        ];
+        for (extra, expected) in cases {
+            let err = Config::load(&format!("{BASE}{extra}"), [])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{extra}: {err}");
+        }
+        // A gateway key must never be forwarded as the provider key.
+        let err = Config::load(
+            &format!("{BASE}auth:\n  keys: ['{}']\n", "ab".repeat(32)),
+            [],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("upstreams[0].api_key_env"), "{err}");
+        let err = Config::load(
+            &format!("{BASE}redis:\n  url: redis://127.0.0.1:1\n  encryption_key_env: K\n"),
+            [("K", "too-short")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("64 hex digits"), "{err}");
     }
 
     #[test]

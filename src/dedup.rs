@@ -48,7 +48,7 @@ pub async fn serve(
         body,
         &app.routes,
         &app.upstream_names,
-        &app.config.cache,
+        app.request_rules(),
     )?;
     let fingerprint = request.fingerprint;
     let model = app.metrics.model(&request.model);

@@ -46,6 +46,27 @@ pub enum GatewayError {
     /// Detail goes to the logs, never to the client.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
+    /// No or an unknown gateway key (the key itself is never echoed).
+    #[error(
+        "Incorrect or missing API key. Send a corral gateway key as `Authorization: Bearer <key>`."
+    )]
+    Unauthorized,
+    #[error("rate limit reached for {reason}; retry in {}s", .retry_after.as_secs().max(1))]
+    RateLimited {
+        retry_after: Duration,
+        reason: &'static str,
+    },
+    #[error("upstream {upstream} is failing and its circuit is open; retry in {}s", .retry_after.as_secs().max(1))]
+    CircuitOpen {
+        upstream: String,
+        retry_after: Duration,
+    },
+    #[error("the gateway is serving as many requests as it may; retry in {}s", .retry_after.as_secs().max(1))]
+    Overloaded { retry_after: Duration },
+    #[error("the request body did not arrive within {}s", .timeout.as_secs_f64())]
+    BodyTimeout { timeout: Duration },
+    #[error("the gateway is shutting down; retry")]
+    ShuttingDown,
 }
 
 impl GatewayError {
@@ -110,11 +131,53 @@ impl GatewayError {
             ),
             Self::Upstream { status, .. } => (*status, "upstream_error", None),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+            Self::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            ),
+            Self::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                Some("rate_limit_exceeded"),
+            ),
+            Self::CircuitOpen { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("upstream_circuit_open"),
+            ),
+            Self::Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("server_overloaded"),
+            ),
+            Self::BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("request_timeout"),
+            ),
+            Self::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("shutting_down"),
+            ),
         }
     }
 
     pub fn status(&self) -> StatusCode {
         self.status_type_code().0
+    }
+
+    /// When the caller may try again, for the errors that know.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::TooManyWaiters { retry_after }
+            | Self::RateLimited { retry_after, .. }
+            | Self::CircuitOpen { retry_after, .. }
+            | Self::Overloaded { retry_after } => Some(*retry_after),
+            Self::ShuttingDown => Some(Duration::from_secs(1)),
+            _ => None,
+        }
     }
 
     /// Builds the response without consuming the error: one failed flight is
@@ -148,11 +211,14 @@ impl GatewayError {
                 body.clone()
             }
             _ => {
-                if let Self::TooManyWaiters { retry_after } = self {
+                if let Some(retry_after) = self.retry_after() {
                     headers.insert(
                         header::RETRY_AFTER,
                         HeaderValue::from(retry_after.as_secs().max(1)),
                     );
+                }
+                if let Self::Unauthorized = self {
+                    headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                 }
                 headers.insert(
                     header::CONTENT_TYPE,
@@ -219,6 +285,42 @@ mod tests {
         .to_response();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+    }
+
+    #[tokio::test]
+    async fn protection_errors_carry_their_status_code_and_retry_after() {
+        let limited = GatewayError::RateLimited {
+            retry_after: Duration::from_secs(3),
+            reason: "this API key's request rate",
+        }
+        .to_response();
+        assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(limited.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(
+            body_json(limited).await["error"]["code"],
+            "rate_limit_exceeded"
+        );
+        let open = GatewayError::CircuitOpen {
+            upstream: "openai".into(),
+            retry_after: Duration::from_secs(9),
+        }
+        .to_response();
+        assert_eq!(open.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(open.headers()[header::RETRY_AFTER], "9");
+        let unauthorized = GatewayError::Unauthorized.to_response();
+        assert_eq!(unauthorized.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(unauthorized.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        assert_eq!(
+            body_json(unauthorized).await["error"]["code"],
+            "invalid_api_key"
+        );
+        assert_eq!(
+            GatewayError::BodyTimeout {
+                timeout: Duration::from_secs(1)
+            }
+            .status(),
+            StatusCode::REQUEST_TIMEOUT
+        );
     }
 
     #[tokio::test]

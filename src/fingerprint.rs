@@ -10,6 +10,8 @@ use std::{fmt, sync::Arc};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::auth::TenantKey;
+
 /// Bumped whenever the canonical form changes, so old keys can never alias new ones.
 const KEY_VERSION: &[u8] = b"corral-key-v1";
 
@@ -52,16 +54,24 @@ impl TenantScope {
     /// Scope of a caller identified by `credential` (its bearer token, as raw
     /// bytes so a non-ASCII token is still its own tenant); callers without one
     /// share the anonymous scope.
-    pub fn of_credential(credential: Option<&[u8]>) -> Self {
-        match credential {
-            Some(token) => {
+    ///
+    /// With the server's [`TenantKey`] the scope is an HMAC of the credential
+    /// (`k…`): unlinkable to the key without the secret. Without one it is the
+    /// salted SHA-256 of earlier versions (`t…`, the pinned golden
+    /// fingerprints), which anyone holding a guessed key can recompute.
+    pub fn of_credential(key: Option<&TenantKey>, credential: Option<&[u8]>) -> Self {
+        match (key, credential) {
+            (Some(key), Some(token)) => {
+                Self(format!("k{}", &hex::encode(key.mac(token))[..32]).into())
+            }
+            (None, Some(token)) => {
                 let digest = Sha256::new()
                     .chain_update(b"corral-tenant-v1\0")
                     .chain_update(token)
                     .finalize();
                 Self(format!("t{}", &hex::encode(digest)[..32]).into())
             }
-            None => Self("anonymous".into()),
+            (_, None) => Self("anonymous".into()),
         }
     }
 
@@ -440,9 +450,9 @@ mod tests {
 
     #[test]
     fn tenant_scope_hides_the_credential() {
-        let scope = TenantScope::of_credential(Some(b"sk-secret-key"));
+        let scope = TenantScope::of_credential(None, Some(b"sk-secret-key"));
         assert!(!scope.as_str().contains("sk-secret"));
-        assert_ne!(scope, TenantScope::of_credential(Some(b"sk-other")));
-        assert_ne!(scope, TenantScope::of_credential(None));
+        assert_ne!(scope, TenantScope::of_credential(None, Some(b"sk-other")));
+        assert_ne!(scope, TenantScope::of_credential(None, None));
     }
 }

@@ -9,11 +9,33 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::{
-    config::{CacheConfig, CacheScope},
+    auth::{TenantKey, bearer_token},
+    config::{CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body},
     upstream::Routes,
+    validate::{self, InputLimits},
 };
+
+/// What parsing holds a request to, besides routing: the cache settings, the
+/// input limits and the server's tenant key. `&CacheConfig` converts into it
+/// with the default limits and no key (tests, tools).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestRules<'a> {
+    pub cache: &'a CacheConfig,
+    pub limits: InputLimits,
+    pub tenant_key: Option<&'a TenantKey>,
+}
+
+impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
+    fn from(cache: &'a CacheConfig) -> Self {
+        Self {
+            cache,
+            limits: InputLimits::from(&LimitsConfig::default()),
+            tenant_key: None,
+        }
+    }
+}
 
 /// Request headers that can change the provider's answer: keyed and forwarded.
 pub const KEYED_HEADERS: &[&str] = &["openai-beta", "openai-organization", "openai-project"];
@@ -93,15 +115,18 @@ pub struct DedupRequest {
 impl DedupRequest {
     /// Parses and classifies a request; every client mistake is a 400 here,
     /// before anything is sent upstream.
-    pub fn parse(
+    pub fn parse<'a>(
         endpoint: Endpoint,
         headers: &HeaderMap,
         query: Option<&str>,
         raw_body: Bytes,
         routes: &Routes,
         upstream_names: &[String],
-        cache: &CacheConfig,
+        rules: impl Into<RequestRules<'a>>,
     ) -> Result<Self, GatewayError> {
+        let rules = rules.into();
+        let cache = rules.cache;
+        validate::check_structure(&raw_body, rules.limits)?;
         let body: Value = serde_json::from_slice(&raw_body).map_err(|err| {
             GatewayError::invalid(format!(
                 "We could not parse the JSON body of your request: {err}"
@@ -130,6 +155,7 @@ impl DedupRequest {
         let upstream = routes.route(&model).ok_or_else(|| GatewayError::NoRoute {
             model: model.clone(),
         })?;
+        validate::check_fields(endpoint, &body, rules.limits)?;
         let stream = matches!(body.get("stream"), Some(Value::Bool(true)));
 
         let authorization = headers.get(header::AUTHORIZATION).cloned();
@@ -137,7 +163,7 @@ impl DedupRequest {
             .as_ref()
             .map(|value| bearer_token(value.as_bytes()));
         let scope = match cache.scope {
-            CacheScope::Tenant => TenantScope::of_credential(credential),
+            CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
             CacheScope::Global => TenantScope::global(),
         };
 
@@ -194,15 +220,6 @@ impl DedupRequest {
             policy,
             deterministic,
         })
-    }
-}
-
-/// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else the whole value.
-fn bearer_token(value: &[u8]) -> &[u8] {
-    let value = value.trim_ascii();
-    match value.get(..7) {
-        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
-        _ => value,
     }
 }
 

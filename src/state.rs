@@ -9,11 +9,13 @@ use tokio_util::{
 };
 
 use crate::{
+    auth::Auth,
     cache::{CacheStore, MemoryStore, TieredStore, TtlPolicy},
     clock::{Clock, SystemClock},
     cluster::Cluster,
     coalesce::{Coalescer, FlightContext},
     config::Config,
+    limits::Limits,
     metrics::Metrics,
     upstream::{Routes, Upstream},
 };
@@ -34,11 +36,27 @@ pub struct AppState {
     pub cluster: Option<Arc<Cluster>>,
     /// Detached work (flights, refreshes) that shutdown waits for.
     pub tasks: TaskTracker,
+    /// Gateway keys and the keyed tenant scope.
+    pub auth: Auth,
+    /// Per-tenant rate and the global cap on requests served at once.
+    pub limits: Limits,
+    /// Cancelled when the shutdown drain times out: running upstream calls end.
+    pub cut_upstream: CancellationToken,
     /// Stops the background loops (Redis subscriber, prober) with the state.
     _background: DropGuard,
 }
 
 impl AppState {
+    /// What `DedupRequest::parse` holds requests to: cache settings, input
+    /// limits and the tenant key.
+    pub fn request_rules(&self) -> crate::request::RequestRules<'_> {
+        crate::request::RequestRules {
+            cache: &self.config.cache,
+            limits: crate::validate::InputLimits::from(&self.config.limits),
+            tenant_key: self.auth.tenant_key(),
+        }
+    }
+
     pub fn build(config: Config) -> anyhow::Result<Self> {
         Self::build_with_clock(config, Arc::new(SystemClock))
     }
@@ -70,6 +88,7 @@ impl AppState {
         };
         let tasks = TaskTracker::new();
         let metrics = Metrics::new(&config);
+        let cut_upstream = CancellationToken::new();
         let coalescer = Coalescer::new(
             FlightContext {
                 cache: cache.clone(),
@@ -86,7 +105,15 @@ impl AppState {
         Ok(Self {
             routes: Routes::new(&config.upstreams),
             upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
-            upstream: Upstream::new(&config, metrics.clone())?,
+            upstream: Upstream::guarded(
+                &config,
+                metrics.clone(),
+                clock.clone(),
+                cut_upstream.clone(),
+            )?,
+            auth: Auth::new(&config),
+            limits: Limits::new(&config, clock.clone()),
+            cut_upstream,
             metrics,
             cache,
             coalescer,

@@ -34,6 +34,7 @@ use crate::{
         codec::{self, FlightRecord},
     },
     config::RedisConfig,
+    crypto::Sealer,
     fingerprint::CacheKey,
 };
 
@@ -137,6 +138,8 @@ pub struct Cluster {
     instance: String,
     errors: AtomicU64,
     rejected_values: AtomicU64,
+    /// Encrypts values at rest (`redis.encryption_key_env`), bound to their key.
+    sealer: Option<Sealer>,
 }
 
 impl Cluster {
@@ -153,6 +156,10 @@ impl Cluster {
             instance: format!("{:016x}", rand::rng().random::<u64>()),
             errors: AtomicU64::new(0),
             rejected_values: AtomicU64::new(0),
+            sealer: config
+                .encryption_key
+                .as_ref()
+                .map(|key| Sealer::new(key.expose())),
         });
         tokio::spawn(run_subscriber(
             config.node_urls()[0].clone(),
@@ -247,11 +254,37 @@ impl Cluster {
         }
     }
 
+    /// Encrypts a value for Redis key `name` (the associated data), when on.
+    fn seal(&self, name: &str, plain: Vec<u8>) -> Vec<u8> {
+        match &self.sealer {
+            Some(sealer) => sealer.seal(name.as_bytes(), &plain),
+            None => plain,
+        }
+    }
+
+    /// Decrypts a value read from Redis key `name`; one that does not open
+    /// (plaintext from before, a rotated key, moved or tampered) is a counted miss.
+    fn open(&self, name: &str, bytes: Vec<u8>) -> Option<Vec<u8>> {
+        let Some(sealer) = &self.sealer else {
+            return Some(bytes);
+        };
+        match sealer.open(name.as_bytes(), &bytes) {
+            Ok(plain) => Some(plain),
+            Err(err) => {
+                self.rejected_values.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %err, "rejected a Redis value that does not decrypt");
+                None
+            }
+        }
+    }
+
     pub async fn get_entry(&self, key: &CacheKey) -> Result<Option<Entry>, Unavailable> {
         let name = self.keys.entry(key);
+        let query = name.clone();
         let bytes: Option<Vec<u8>> = self
-            .run("get entry", |mut conn| async move { conn.get(name).await })
+            .run("get entry", |mut conn| async move { conn.get(query).await })
             .await?;
+        let bytes = bytes.and_then(|bytes| self.open(&name, bytes));
         Ok(bytes.and_then(|bytes| match codec::decode_entry(&bytes, key) {
             Ok(entry) => Some(entry),
             Err(err) => {
@@ -271,7 +304,7 @@ impl Cluster {
     ) -> Result<(), Unavailable> {
         let ttl_ms = entry.hard_expires_at_ms.saturating_sub(now_ms).max(1);
         let name = self.keys.entry(key);
-        let bytes = codec::encode_entry(key, entry);
+        let bytes = self.seal(&name, codec::encode_entry(key, entry));
         self.run("put entry", |mut conn| async move {
             conn.pset_ex::<_, _, ()>(name, bytes, ttl_ms).await
         })
@@ -280,9 +313,14 @@ impl Cluster {
 
     pub async fn get_record(&self, key: &CacheKey) -> Result<Option<FlightRecord>, Unavailable> {
         let name = self.keys.record(key);
+        let query = name.clone();
         let bytes: Option<Vec<u8>> = self
-            .run("get record", |mut conn| async move { conn.get(name).await })
+            .run(
+                "get record",
+                |mut conn| async move { conn.get(query).await },
+            )
             .await?;
+        let bytes = bytes.and_then(|bytes| self.open(&name, bytes));
         Ok(bytes.and_then(|bytes| match codec::decode_record(&bytes, key) {
             Ok(record) => Some(record),
             Err(err) => {
@@ -307,7 +345,7 @@ impl Cluster {
             SUCCESS_RECORD_TTL
         };
         let name = self.keys.record(key);
-        let bytes = codec::encode_record(key, record);
+        let bytes = self.seal(&name, codec::encode_record(key, record));
         self.run("put record", |mut conn| async move {
             conn.pset_ex::<_, _, ()>(name, bytes, ttl.as_millis() as u64)
                 .await
@@ -504,7 +542,7 @@ mod tests {
 
     #[test]
     fn keys_carry_the_tenant_and_one_hash_tag() {
-        let scope = TenantScope::of_credential(Some(b"sk-secret"));
+        let scope = TenantScope::of_credential(None, Some(b"sk-secret"));
         let fingerprint = Fingerprint::of(&KeyInput {
             endpoint: Endpoint::ChatCompletions,
             upstream: "u",

@@ -100,8 +100,13 @@ async fn own(
         recorded_at_ms: context.clock.now_ms(),
     };
     // Each step is best effort: followers that miss the record or the
-    // announcement see the lock go and contend again.
-    let _ = cluster.put_record(key, &record, context.error_ttl).await;
+    // announcement see the lock go and contend again. A flight cut by this
+    // instance's shutdown records nothing, so followers elsewhere contend
+    // again at once instead of sharing (and negatively caching) a 503.
+    let cut = matches!(&outcome, Err(error) if matches!(**error, GatewayError::ShuttingDown));
+    if !cut {
+        let _ = cluster.put_record(key, &record, context.error_ttl).await;
+    }
     let _ = cluster.announce(key).await;
     let _ = cluster.release(&lease).await;
     outcome

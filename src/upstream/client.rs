@@ -1,13 +1,25 @@
 //! One pooled reqwest client (rustls) for every provider. Each attempt is
 //! bounded by the upstream's timeouts; `retry` decides whether to try again.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 
-use super::retry::{self, AttemptError};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    breaker::{CircuitState, UpstreamGuard, is_upstream_failure},
+    retry::{self, AttemptError},
+};
 use crate::{
+    clock::{Clock, SystemClock},
     config::{Config, RetryConfig, Secret},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
@@ -20,12 +32,17 @@ struct Target {
     base_url: String,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
+    first_byte_timeout: Duration,
+    /// Per upstream, so each has its own connect timeout.
+    client: reqwest::Client,
+    guard: UpstreamGuard,
 }
 
 #[derive(Debug)]
 pub struct Upstream {
-    client: reqwest::Client,
     targets: Vec<Target>,
+    /// Cancelled when the shutdown drain times out: running calls end at once.
+    cut: CancellationToken,
     retry: RetryConfig,
     max_response_bytes: usize,
     /// Every billable call is counted here, once per call (not per attempt or waiter).
@@ -59,31 +76,46 @@ pub struct Buffered {
 
 impl Upstream {
     pub fn new(config: &Config, metrics: Metrics) -> anyhow::Result<Self> {
-        let connect_timeout = config
-            .upstreams
-            .iter()
-            .map(|u| u.connect_timeout)
-            .max()
-            .unwrap_or(Duration::from_secs(5));
-        let client = reqwest::Client::builder()
-            .use_rustls_tls()
-            .connect_timeout(connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .tcp_nodelay(true)
-            .build()?;
+        Self::guarded(
+            config,
+            metrics,
+            Arc::new(SystemClock),
+            CancellationToken::new(),
+        )
+    }
+
+    /// As `new`, with the clock the upstream rate caps run on and the token
+    /// that cuts every running call (shutdown).
+    pub fn guarded(
+        config: &Config,
+        metrics: Metrics,
+        clock: Arc<dyn Clock>,
+        cut: CancellationToken,
+    ) -> anyhow::Result<Self> {
         let targets = config
             .upstreams
             .iter()
-            .map(|u| Target {
-                name: u.name.clone(),
-                base_url: u.base_url.trim_end_matches('/').to_owned(),
-                api_key: u.api_key.clone(),
-                request_timeout: u.request_timeout,
+            .map(|u| {
+                let client = reqwest::Client::builder()
+                    .use_rustls_tls()
+                    .connect_timeout(u.connect_timeout)
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .pool_max_idle_per_host(256)
+                    .tcp_nodelay(true)
+                    .build()?;
+                Ok(Target {
+                    name: u.name.clone(),
+                    base_url: u.base_url.trim_end_matches('/').to_owned(),
+                    api_key: u.api_key.clone(),
+                    request_timeout: u.request_timeout,
+                    first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
+                    client,
+                    guard: UpstreamGuard::new(u, &config.retry, clock.clone()),
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
-            client,
+            cut,
             targets,
             retry: config.retry.clone(),
             max_response_bytes: config.limits.max_response_bytes,
@@ -93,6 +125,56 @@ impl Upstream {
 
     pub fn name(&self, upstream: usize) -> &str {
         &self.targets[upstream].name
+    }
+
+    /// The state of `upstream`'s circuit.
+    pub fn circuit(&self, upstream: usize) -> CircuitState {
+        self.targets[upstream].guard.breaker.state()
+    }
+
+    /// `retry::with_retries` behind the upstream's guard: every attempt passes
+    /// the circuit breaker, the rate cap and the concurrency cap, reports to
+    /// the breaker, and a retry happens only while the retry budget allows.
+    /// The shutdown cut ends it at once.
+    async fn protected<T, F, Fut>(
+        &self,
+        upstream: usize,
+        mut attempt: F,
+    ) -> (Result<T, GatewayError>, usize)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, AttemptError>>,
+    {
+        let guard = &self.targets[upstream].guard;
+        let max_attempts = self.retry.max_attempts;
+        let made = AtomicUsize::new(0);
+        let run = retry::with_retries(&self.retry, || {
+            let n = made.fetch_add(1, Ordering::Relaxed) + 1;
+            let call = attempt();
+            async move {
+                if n == 1 {
+                    guard.budget.record_first();
+                }
+                let ticket = guard.admit().map_err(AttemptError::fatal)?;
+                let _place = guard.acquire().await;
+                let result = call.await;
+                match &result {
+                    Err(err) if is_upstream_failure(&err.error) => ticket.failure(),
+                    _ => ticket.success(),
+                }
+                result.map_err(|mut err| {
+                    if err.retryable && n < max_attempts && !guard.budget.try_retry() {
+                        tracing::info!(error = %err.error, "retry budget spent; not retrying");
+                        err.retryable = false;
+                    }
+                    err
+                })
+            }
+        });
+        tokio::select! {
+            outcome = run => outcome,
+            () = self.cut.cancelled() => (Err(GatewayError::ShuttingDown), made.load(Ordering::Relaxed)),
+        }
     }
 
     /// Sends with retries and reads the whole body. Only a 2xx is `Ok`; the
@@ -105,23 +187,24 @@ impl Upstream {
     ) -> Result<Buffered, GatewayError> {
         let started = Instant::now();
         let target = &self.targets[outbound.upstream];
-        let (result, attempts) = retry::with_retries(&self.retry, || async {
-            let response = self
-                .send_once(outbound, Some(target.request_timeout))
-                .await?;
-            let status = response.status();
-            let headers = response.headers().clone();
-            // From here the body has begun to arrive: a failure is not retried.
-            let body = self
-                .read_body(target, response)
-                .await
-                .map_err(AttemptError::fatal)?;
-            if status.is_success() {
-                return Ok((status, headers, body));
-            }
-            Err(status_error(status, &headers, body))
-        })
-        .await;
+        let (result, attempts) = self
+            .protected(outbound.upstream, || async {
+                let response = self
+                    .send_once(outbound, Some(target.request_timeout))
+                    .await?;
+                let status = response.status();
+                let headers = response.headers().clone();
+                // From here the body has begun to arrive: a failure is not retried.
+                let body = self
+                    .read_body(target, response)
+                    .await
+                    .map_err(AttemptError::fatal)?;
+                if status.is_success() {
+                    return Ok((status, headers, body));
+                }
+                Err(status_error(status, &headers, body))
+            })
+            .await;
         let elapsed = started.elapsed();
         tracing::info!(upstream = %target.name, attempts, ?elapsed, ok = result.is_ok(), "upstream call");
         let status = match &result {
@@ -176,7 +259,7 @@ impl Upstream {
         outbound: &Outbound,
     ) -> (Result<reqwest::Response, GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
-        retry::with_retries(&self.retry, || async {
+        self.protected(outbound.upstream, || async {
             let response = self.send_once(outbound, None).await?;
             let status = response.status();
             if status.is_success() {
@@ -193,7 +276,7 @@ impl Upstream {
     }
 
     /// Sends the request once; with `timeout`, the whole exchange is bounded
-    /// (else only up to the response headers, bounded by the request timeout).
+    /// (else only up to the response headers, by the first-byte timeout).
     async fn send_once(
         &self,
         outbound: &Outbound,
@@ -205,7 +288,7 @@ impl Upstream {
             url.push('?');
             url.push_str(query);
         }
-        let mut request = self
+        let mut request = target
             .client
             .request(outbound.method.clone(), url)
             .header(header::CONTENT_TYPE, "application/json");
@@ -223,17 +306,15 @@ impl Upstream {
         if !outbound.body.is_empty() || outbound.method == Method::POST {
             request = request.body(outbound.body.clone());
         }
-        let send = request.send();
-        let response = match timeout {
-            Some(_) => send.await,
-            None => match tokio::time::timeout(target.request_timeout, send).await {
-                Ok(response) => response,
-                Err(_) => {
-                    return Err(AttemptError::retryable(GatewayError::UpstreamTimeout {
-                        upstream: target.name.clone(),
-                    }));
-                }
-            },
+        // Until the response headers: `first_byte_timeout` (the whole exchange,
+        // when buffered, is bounded by `timeout` on the request itself).
+        let response = match tokio::time::timeout(target.first_byte_timeout, request.send()).await {
+            Ok(response) => response,
+            Err(_) => {
+                return Err(AttemptError::retryable(GatewayError::UpstreamTimeout {
+                    upstream: target.name.clone(),
+                }));
+            }
         };
         response.map_err(|err| classify_send_error(err, &target.name))
     }

@@ -152,6 +152,7 @@ mod tests {
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(2),
             deadline: Duration::from_secs(60),
+            ..RetryConfig::default()
         }
     }
 
@@ -273,7 +274,7 @@ mod tests {
         #[test]
         fn retries_respect_their_bounds(max_attempts in 1usize..8, base_ms in 1u64..500, hint_ms in proptest::option::of(0u64..3000)) {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
-            let cfg = RetryConfig { max_attempts, base_delay: Duration::from_millis(base_ms), max_delay: Duration::from_millis(base_ms * 8), deadline: Duration::from_secs(10) };
+            let cfg = RetryConfig { max_attempts, base_delay: Duration::from_millis(base_ms), max_delay: Duration::from_millis(base_ms * 8), deadline: Duration::from_secs(10), ..RetryConfig::default() };
             let (attempts, elapsed) = runtime.block_on(async {
                 let start = Instant::now();
                 let (_, attempts) = with_retries(&cfg, || async {

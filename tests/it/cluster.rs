@@ -284,7 +284,7 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
 }
 
 fn a_key() -> CacheKey {
-    let scope = TenantScope::of_credential(Some(b"sk-lock-test"));
+    let scope = TenantScope::of_credential(None, Some(b"sk-lock-test"));
     let fingerprint = Fingerprint::of(&KeyInput {
         endpoint: Endpoint::ChatCompletions,
         upstream: "mock",

@@ -1,0 +1,17 @@
+//! The input checks: any bytes are accepted or refused, never a panic.
+#![no_main]
+
+use corral::{
+    fingerprint::Endpoint,
+    validate::{InputLimits, check_fields, check_structure},
+};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let limits = InputLimits { max_json_depth: 16, max_messages: 8 };
+    if check_structure(data, limits).is_ok()
+        && let Ok(serde_json::Value::Object(body)) = serde_json::from_slice(data)
+    {
+        let _ = check_fields(Endpoint::ChatCompletions, &body, limits);
+    }
+});

@@ -1,0 +1,169 @@
+//! Gateway keys and tenant identity.
+//!
+//! With `auth.keys` (SHA-256 hashes of the keys, hex) or `auth.keys_env` (a
+//! variable holding the keys themselves, comma-separated, hashed at load), a
+//! `/v1/*` request must carry one of them as its bearer token, else 401.
+//! Only hashes are kept in memory; the raw key is never stored or logged.
+//!
+//! The tenant a request belongs to is derived from its bearer token by
+//! [`TenantKey`]: an HMAC-SHA-256 under a server secret
+//! (`auth.tenant_secret_env`), so a tenant scope seen in Redis or a log cannot
+//! be linked back to an API key by anyone who does not hold the secret, not
+//! even by hashing a guessed key.
+
+use std::{collections::HashSet, fmt};
+
+use axum::http::{HeaderMap, header};
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::{config::Config, error::GatewayError, fingerprint::TenantScope};
+
+/// The server secret tenant scopes are keyed with.
+#[derive(Clone)]
+pub struct TenantKey(Hmac<Sha256>);
+
+impl TenantKey {
+    pub fn new(secret: &[u8]) -> Self {
+        // HMAC takes a key of any length; this cannot fail.
+        Self(Hmac::new_from_slice(secret).expect("HMAC accepts any key length"))
+    }
+
+    /// HMAC-SHA-256(secret, domain || credential).
+    pub fn mac(&self, credential: &[u8]) -> [u8; 32] {
+        let mut mac = self.0.clone();
+        mac.update(b"corral-tenant-v2\0");
+        mac.update(credential);
+        mac.finalize().into_bytes().into()
+    }
+}
+
+impl fmt::Debug for TenantKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TenantKey([redacted])")
+    }
+}
+
+/// SHA-256 of a gateway key, the form `auth.keys` holds.
+pub fn key_hash(key: &[u8]) -> [u8; 32] {
+    Sha256::digest(key).into()
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else the whole value.
+pub fn bearer_token(value: &[u8]) -> &[u8] {
+    let value = value.trim_ascii();
+    match value.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
+        _ => value,
+    }
+}
+
+/// The caller's credential: its bearer token, if it sent one.
+pub fn credential(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(header::AUTHORIZATION)
+        .map(|value| bearer_token(value.as_bytes()))
+}
+
+#[derive(Debug)]
+pub struct Auth {
+    /// Hashes of the accepted gateway keys; empty: auth is off.
+    keys: HashSet<[u8; 32]>,
+    tenant_key: Option<TenantKey>,
+}
+
+impl Auth {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            keys: config.auth.key_hashes.iter().copied().collect(),
+            tenant_key: config
+                .auth
+                .tenant_secret
+                .as_ref()
+                .map(|secret| TenantKey::new(secret.expose())),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    pub fn tenant_key(&self) -> Option<&TenantKey> {
+        self.tenant_key.as_ref()
+    }
+
+    /// Checks the gateway key (when auth is on) and returns the caller's
+    /// tenant, the key rate limits are kept under. This is the caller's own
+    /// scope even with `cache.scope: global`: sharing answers is not sharing
+    /// a rate limit.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<TenantScope, GatewayError> {
+        let credential = credential(headers).filter(|token| !token.is_empty());
+        if self.enabled() {
+            let known = credential.is_some_and(|token| self.keys.contains(&key_hash(token)));
+            if !known {
+                return Err(GatewayError::Unauthorized);
+            }
+        }
+        Ok(TenantScope::of_credential(self.tenant_key(), credential))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(authorization: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = authorization {
+            headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    #[test]
+    fn only_configured_keys_pass_when_auth_is_on() {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.auth.key_hashes = vec![key_hash(b"gw-good")];
+        let auth = Auth::new(&config);
+        assert!(auth.authenticate(&headers(Some("Bearer gw-good"))).is_ok());
+        assert!(
+            auth.authenticate(&headers(Some("bearer   gw-good ")))
+                .is_ok()
+        );
+        for bad in [None, Some("Bearer gw-bad"), Some("Bearer "), Some("gw-goo")] {
+            assert!(
+                matches!(
+                    auth.authenticate(&headers(bad)),
+                    Err(GatewayError::Unauthorized)
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn auth_off_lets_everyone_in_with_their_own_tenant() {
+        let auth = Auth::new(&Config::for_tests("http://127.0.0.1:1/v1"));
+        let a = auth.authenticate(&headers(Some("Bearer a"))).unwrap();
+        let b = auth.authenticate(&headers(Some("Bearer b"))).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(
+            auth.authenticate(&headers(None)).unwrap().as_str(),
+            "anonymous"
+        );
+    }
+
+    #[test]
+    fn keyed_scopes_depend_on_the_secret_and_never_show_the_plain_hash() {
+        let one = TenantKey::new(b"secret-one");
+        let two = TenantKey::new(b"secret-two");
+        let a1 = TenantScope::of_credential(Some(&one), Some(b"sk-a"));
+        assert_ne!(a1, TenantScope::of_credential(Some(&two), Some(b"sk-a")));
+        assert_ne!(a1, TenantScope::of_credential(None, Some(b"sk-a")));
+        assert_eq!(a1, TenantScope::of_credential(Some(&one), Some(b"sk-a")));
+        let plain = hex::encode(Sha256::digest(b"sk-a"));
+        assert!(!plain.contains(&a1.as_str()[1..]));
+        assert!(!format!("{one:?}").contains("secret"));
+    }
+}

@@ -1,0 +1,221 @@
+//! Admission control in front of everything else: the per-tenant request rate
+//! (governor, keyed by the tenant scope), a global cap on requests being
+//! served at once, and the rate type the per-upstream caps reuse.
+//!
+//! Limits are **per instance**. With N instances behind a balancer a tenant can
+//! get up to N x `limits.per_tenant.rps` (and N x `burst` at once) across the
+//! fleet; set the per-instance numbers to the fleet target divided by N. A
+//! cluster-wide limiter would cost a Redis round trip on every request and make
+//! Redis a dependency of admission, which the fail-open design avoids.
+//!
+//! Time comes from the app's [`Clock`], so tests decide when tokens refill.
+
+use std::{
+    num::NonZeroU32,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use governor::{
+    Quota, RateLimiter,
+    middleware::NoOpMiddleware,
+    nanos::Nanos,
+    state::{InMemoryState, NotKeyed, keyed::DashMapStateStore},
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::{
+    clock::Clock,
+    config::{Config, RateConfig},
+    error::GatewayError,
+    fingerprint::TenantScope,
+};
+
+/// How many tenant checks pass between two sweeps of idle tenants' state.
+const SWEEP_EVERY: u64 = 4096;
+
+/// The app's clock as governor sees it (nanoseconds since the epoch).
+#[derive(Debug, Clone)]
+pub struct AppClock(pub Arc<dyn Clock>);
+
+impl governor::clock::Clock for AppClock {
+    type Instant = Nanos;
+
+    fn now(&self) -> Nanos {
+        Nanos::from(Duration::from_millis(self.0.now_ms()))
+    }
+}
+
+fn quota(rate: &RateConfig) -> Quota {
+    // `Config::validate` rejects zeros; `MIN` only guards a hand-built config.
+    let rps = NonZeroU32::new(rate.rps).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+    Quota::per_second(rps).allow_burst(burst)
+}
+
+/// Whole seconds to wait, rounded up, at least one (what `Retry-After` can say).
+pub fn retry_after_secs(wait: Duration) -> Duration {
+    Duration::from_secs(wait.as_secs_f64().ceil().max(1.0) as u64)
+}
+
+/// One token bucket (GCRA): the per-upstream request rate.
+#[derive(Debug)]
+pub struct Rate {
+    limiter: RateLimiter<NotKeyed, InMemoryState, AppClock, NoOpMiddleware<Nanos>>,
+    clock: AppClock,
+}
+
+impl Rate {
+    pub fn new(rate: &RateConfig, clock: Arc<dyn Clock>) -> Self {
+        let clock = AppClock(clock);
+        Self {
+            limiter: RateLimiter::direct_with_clock(quota(rate), clock.clone()),
+            clock,
+        }
+    }
+
+    /// Takes one token, or says how long until one is available.
+    pub fn check(&self) -> Result<(), Duration> {
+        use governor::clock::Clock as _;
+        self.limiter
+            .check()
+            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+    }
+}
+
+#[derive(Debug)]
+pub struct Limits {
+    per_tenant: Option<TenantRates>,
+    /// Requests being served at once (each one waiting on a flight counts).
+    in_progress: Option<Arc<Semaphore>>,
+}
+
+#[derive(Debug)]
+struct TenantRates {
+    limiter:
+        RateLimiter<TenantScope, DashMapStateStore<TenantScope>, AppClock, NoOpMiddleware<Nanos>>,
+    clock: AppClock,
+    checks: AtomicU64,
+}
+
+impl Limits {
+    pub fn new(config: &Config, clock: Arc<dyn Clock>) -> Self {
+        let per_tenant = config.limits.per_tenant.as_ref().map(|rate| {
+            let clock = AppClock(clock);
+            TenantRates {
+                limiter: RateLimiter::dashmap_with_clock(quota(rate), clock.clone()),
+                clock,
+                checks: AtomicU64::new(0),
+            }
+        });
+        Self {
+            per_tenant,
+            in_progress: config
+                .limits
+                .max_concurrent_requests
+                .map(|n| Arc::new(Semaphore::new(n))),
+        }
+    }
+
+    /// Spends one of `tenant`'s requests; 429 with the wait when none is left.
+    /// Every request counts, cache hits included: the limit is on the caller,
+    /// the upstream's own budget is spent only by real upstream calls.
+    pub fn check_tenant(&self, tenant: &TenantScope) -> Result<(), GatewayError> {
+        let Some(rates) = &self.per_tenant else {
+            return Ok(());
+        };
+        if rates.checks.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            // Forget tenants whose bucket is full again, so the map stays bounded.
+            rates.limiter.retain_recent();
+            rates.limiter.shrink_to_fit();
+        }
+        rates.limiter.check_key(tenant).map_err(|not_until| {
+            use governor::clock::Clock as _;
+            let wait = not_until.wait_time_from(rates.clock.now());
+            GatewayError::RateLimited {
+                retry_after: retry_after_secs(wait),
+                reason: "this API key's request rate",
+            }
+        })
+    }
+
+    /// A place among the requests served at once, held until the handler
+    /// returns; 503 + `Retry-After` when every place is taken.
+    pub fn admit(&self) -> Result<Option<OwnedSemaphorePermit>, GatewayError> {
+        match &self.in_progress {
+            None => Ok(None),
+            Some(places) => {
+                places
+                    .clone()
+                    .try_acquire_owned()
+                    .map(Some)
+                    .map_err(|_| GatewayError::Overloaded {
+                        retry_after: Duration::from_secs(1),
+                    })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn config(rps: u32, burst: u32) -> Config {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.limits.per_tenant = Some(RateConfig { rps, burst });
+        config
+    }
+
+    #[test]
+    fn a_tenant_gets_its_burst_then_waits_and_others_are_unaffected() {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let limits = Limits::new(&config(5, 5), clock.clone());
+        let a = TenantScope::of_credential(None, Some(b"sk-a"));
+        let b = TenantScope::of_credential(None, Some(b"sk-b"));
+        for _ in 0..5 {
+            limits.check_tenant(&a).unwrap();
+        }
+        match limits.check_tenant(&a) {
+            Err(GatewayError::RateLimited { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(1));
+            }
+            other => panic!("expected 429, got {other:?}"),
+        }
+        limits.check_tenant(&b).unwrap();
+        clock.advance(Duration::from_millis(200));
+        limits.check_tenant(&a).expect("one token back after 1/rps");
+        assert!(limits.check_tenant(&a).is_err());
+    }
+
+    #[test]
+    fn the_global_cap_refuses_beyond_it_and_frees_on_drop() {
+        let mut config = config(1, 1);
+        config.limits.max_concurrent_requests = Some(2);
+        let limits = Limits::new(&config, Arc::new(ManualClock::new(0)));
+        let first = limits.admit().unwrap();
+        let _second = limits.admit().unwrap();
+        assert!(matches!(
+            limits.admit(),
+            Err(GatewayError::Overloaded { .. })
+        ));
+        drop(first);
+        assert!(limits.admit().unwrap().is_some());
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(
+            retry_after_secs(Duration::from_millis(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_after_secs(Duration::from_millis(2100)),
+            Duration::from_secs(3)
+        );
+    }
+}

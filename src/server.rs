@@ -1,0 +1,175 @@
+//! The HTTP edge: the accept loop, connection timeouts, admission (gateway
+//! keys, rate limits, the global cap) and graceful shutdown.
+//!
+//! `axum::serve` installs no timer, so hyper's header-read timeout is inert
+//! there and a client that trickles its headers (slowloris) holds a socket
+//! forever. This loop serves each connection with hyper's HTTP/1.1 server and a
+//! tokio timer: the header-read timeout (`server.header_read_timeout`) runs
+//! from the moment the connection waits for a request head, so it also closes
+//! a connection that never sends a byte and an idle keep-alive one. Bodies are
+//! read under `server.body_read_timeout` (408 after) and `limits.max_body_bytes`
+//! (413, with or without a `Content-Length`).
+//!
+//! HTTP/2 is not served: hyper's h2 server has no handshake timeout, so a slow
+//! preface would be a slowloris of its own; clients of an OpenAI API speak
+//! HTTP/1.1, and a TLS terminator in front can speak h2 to them.
+
+use std::{future::Future, pin::pin, sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::server::conn::http1;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+    service::TowerToHyperService,
+};
+use tokio::{net::TcpListener, sync::OwnedSemaphorePermit};
+
+use crate::{api, error::GatewayError, state::AppState};
+
+/// Pause after a failed accept (out of file descriptors, say), so the loop does
+/// not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// After the drain timeout, running upstream calls are cut; this is how long
+/// their flights get to release Redis locks and answer their callers.
+const CUT_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves the API on `listener` until `shutdown` resolves, then drains: no new
+/// connections, running requests and flights finish (bounded by
+/// `shutdown.drain_timeout`), then whatever still runs is cut. Shared by the
+/// binary and the tests.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app =
+        api::router(state.clone()).layer(middleware::from_fn_with_state(state.clone(), admission));
+    let service = TowerToHyperService::new(app);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(state.config.server.header_read_timeout)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        tokio::spawn(async move {
+            // Header timeouts, resets and half-read bodies end up here; none is ours to report.
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: no new connections; draining");
+    drain(&state, graceful).await;
+    Ok(())
+}
+
+async fn drain(state: &AppState, graceful: GracefulShutdown) {
+    let drain_timeout = state.config.shutdown.drain_timeout;
+    state.tasks.close();
+    let tasks = state.tasks.clone();
+    let mut finished = pin!(async move {
+        graceful.shutdown().await;
+        tasks.wait().await;
+    });
+    if tokio::time::timeout(drain_timeout, &mut finished)
+        .await
+        .is_ok()
+    {
+        tracing::info!("drained");
+        return;
+    }
+    tracing::warn!(
+        ?drain_timeout,
+        "requests still running after the drain timeout; cutting their upstream calls"
+    );
+    // Flights end with `ShuttingDown`: owners release their Redis locks and
+    // every waiter gets a 503, not a hang.
+    state.cut_upstream.cancel();
+    if tokio::time::timeout(CUT_GRACE, &mut finished)
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the cut; closing them");
+    }
+}
+
+/// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
+/// body (bounded in size and time). `/healthz` and `/readyz` pass untouched.
+async fn admission(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if !request.uri().path().starts_with("/v1/") {
+        return next.run(request).await;
+    }
+    match admit(&app, request).await {
+        Ok((request, permit)) => {
+            let response = next.run(request).await;
+            drop(permit);
+            response
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn admit(
+    app: &AppState,
+    request: Request,
+) -> Result<(Request, Option<OwnedSemaphorePermit>), GatewayError> {
+    let permit = app.limits.admit()?;
+    let tenant = app.auth.authenticate(request.headers())?;
+    app.limits.check_tenant(&tenant)?;
+    let request = read_body(
+        request,
+        app.config.limits.max_body_bytes,
+        app.config.server.body_read_timeout,
+    )
+    .await?;
+    Ok((request, permit))
+}
+
+/// Reads the whole body under a size limit and a deadline, so no handler
+/// ever waits on a slow client.
+async fn read_body(
+    request: Request,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Request, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let collected = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
+    let bytes = match collected {
+        Err(_) => return Err(GatewayError::BodyTimeout { timeout: deadline }),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(GatewayError::BodyTooLarge { limit });
+        }
+        Ok(Err(err)) => {
+            return Err(GatewayError::invalid(format!(
+                "could not read the request body: {err}"
+            )));
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}

@@ -1,0 +1,402 @@
+//! Protection of one upstream from corral itself: a circuit breaker, a retry
+//! budget, a concurrency cap and a request-rate cap, applied to every attempt
+//! (first or retry) the client makes. Only real upstream attempts pass through
+//! here: coalesced followers and cache hits never spend any of it.
+//!
+//! - **Breaker**: `breaker_failures` consecutive failed attempts (5xx, 429,
+//!   connect errors, timeouts, bodies that break off) open it for
+//!   `breaker_cool_down`; meanwhile attempts fail fast with 503 +
+//!   `Retry-After` (and the coalescer keeps serving any stored entry, STALE).
+//!   Then exactly one probe goes through (half-open): success closes it,
+//!   failure reopens it. A probe that never reports (its task was cancelled)
+//!   reopens it too, so the breaker cannot stick half-open.
+//! - **Retry budget**: over a sliding 10 s window, retries may be at most
+//!   `retry.budget_ratio` x first attempts plus `retry.budget_min_per_sec` x
+//!   10; beyond it, a failed attempt is final. A sick provider sees at most
+//!   `1 + ratio` times the traffic, not `max_attempts` times.
+//!
+//! Both run on the app's [`Clock`], so tests move through a cool-down by hand.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::{
+    clock::Clock,
+    config::{RetryConfig, UpstreamConfig},
+    error::GatewayError,
+    limits::{Rate, retry_after_secs},
+};
+
+/// The retry budget's window.
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+#[derive(Debug)]
+enum State {
+    Closed {
+        failures: u32,
+    },
+    /// Until this wall-clock millisecond.
+    Open {
+        until_ms: u64,
+    },
+    HalfOpen {
+        probe_out: bool,
+    },
+}
+
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    threshold: u32,
+    cool_down: Duration,
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Permission for one attempt; report how it went. Dropping a probe's
+/// ticket without a report counts as a failed probe.
+#[must_use]
+#[derive(Debug)]
+pub struct Ticket<'a> {
+    breaker: &'a CircuitBreaker,
+    probe: bool,
+    reported: bool,
+}
+
+impl Ticket<'_> {
+    pub fn success(mut self) {
+        self.reported = true;
+        self.breaker.on_success();
+    }
+
+    pub fn failure(mut self) {
+        self.reported = true;
+        self.breaker.on_failure(self.probe);
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.reported && self.probe {
+            self.breaker.on_failure(true);
+        }
+    }
+}
+
+impl CircuitBreaker {
+    pub fn new(threshold: u32, cool_down: Duration, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            cool_down,
+            state: Mutex::new(State::Closed { failures: 0 }),
+            clock,
+        }
+    }
+
+    fn state_mut(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A ticket for one attempt, or how long until the circuit may let one through.
+    pub fn admit(&self) -> Result<Ticket<'_>, Duration> {
+        let mut state = self.state_mut();
+        let probe = match *state {
+            State::Closed { .. } => false,
+            State::Open { until_ms } => {
+                let now = self.clock.now_ms();
+                if now < until_ms {
+                    return Err(Duration::from_millis(until_ms - now));
+                }
+                *state = State::HalfOpen { probe_out: true };
+                true
+            }
+            State::HalfOpen { probe_out: true } => return Err(self.cool_down),
+            State::HalfOpen { probe_out: false } => {
+                *state = State::HalfOpen { probe_out: true };
+                true
+            }
+        };
+        Ok(Ticket {
+            breaker: self,
+            probe,
+            reported: false,
+        })
+    }
+
+    fn on_success(&self) {
+        *self.state_mut() = State::Closed { failures: 0 };
+    }
+
+    fn on_failure(&self, probe: bool) {
+        let mut state = self.state_mut();
+        let open = match &mut *state {
+            State::Closed { failures } => {
+                *failures += 1;
+                *failures >= self.threshold
+            }
+            // A probe failed: open again. Late reports of attempts admitted
+            // before the circuit opened change nothing.
+            State::HalfOpen { .. } => probe,
+            State::Open { .. } => false,
+        };
+        if open {
+            *state = State::Open {
+                until_ms: self.clock.now_ms() + self.cool_down.as_millis() as u64,
+            };
+        }
+    }
+
+    pub fn state(&self) -> CircuitState {
+        match *self.state_mut() {
+            State::Closed { .. } => CircuitState::Closed,
+            State::Open { .. } => CircuitState::Open,
+            State::HalfOpen { .. } => CircuitState::HalfOpen,
+        }
+    }
+}
+
+/// Retries allowed in proportion to first attempts, over a sliding window.
+#[derive(Debug)]
+pub struct RetryBudget {
+    ratio: f64,
+    reserve: f64,
+    /// One bucket per second: (second, first attempts, retries).
+    buckets: Mutex<VecDeque<(u64, u64, u64)>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl RetryBudget {
+    pub fn new(ratio: f64, min_per_sec: f64, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            ratio,
+            reserve: min_per_sec * BUDGET_WINDOW.as_secs_f64(),
+            buckets: Mutex::new(VecDeque::new()),
+            clock,
+        }
+    }
+
+    fn with_current<T>(&self, f: impl FnOnce(&mut VecDeque<(u64, u64, u64)>) -> T) -> T {
+        let second = self.clock.now_ms() / 1000;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        while buckets
+            .front()
+            .is_some_and(|(s, _, _)| *s + BUDGET_WINDOW.as_secs() <= second)
+        {
+            buckets.pop_front();
+        }
+        if buckets.back().is_none_or(|(s, _, _)| *s != second) {
+            buckets.push_back((second, 0, 0));
+        }
+        f(&mut buckets)
+    }
+
+    pub fn record_first(&self) {
+        self.with_current(|buckets| {
+            if let Some(bucket) = buckets.back_mut() {
+                bucket.1 += 1;
+            }
+        });
+    }
+
+    /// Withdraws one retry, if the budget has one.
+    pub fn try_retry(&self) -> bool {
+        self.with_current(|buckets| {
+            let (firsts, retries) = buckets
+                .iter()
+                .fold((0u64, 0u64), |(f, r), (_, bf, br)| (f + bf, r + br));
+            let allowed = self.reserve + self.ratio * firsts as f64;
+            if (retries as f64) + 1.0 > allowed {
+                return false;
+            }
+            if let Some(bucket) = buckets.back_mut() {
+                bucket.2 += 1;
+            }
+            true
+        })
+    }
+}
+
+/// Everything that stands between corral and one upstream.
+#[derive(Debug)]
+pub struct UpstreamGuard {
+    pub breaker: CircuitBreaker,
+    pub budget: RetryBudget,
+    concurrency: Option<Arc<Semaphore>>,
+    rate: Option<Rate>,
+    name: String,
+}
+
+impl UpstreamGuard {
+    pub fn new(upstream: &UpstreamConfig, retry: &RetryConfig, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            breaker: CircuitBreaker::new(
+                upstream.breaker_failures,
+                upstream.breaker_cool_down,
+                clock.clone(),
+            ),
+            budget: RetryBudget::new(retry.budget_ratio, retry.budget_min_per_sec, clock.clone()),
+            concurrency: upstream
+                .max_concurrency
+                .map(|n| Arc::new(Semaphore::new(n))),
+            rate: upstream.rate.as_ref().map(|rate| Rate::new(rate, clock)),
+            name: upstream.name.clone(),
+        }
+    }
+
+    /// Fails fast when the circuit is open or the upstream's rate is spent.
+    pub fn admit(&self) -> Result<Ticket<'_>, GatewayError> {
+        let ticket = self
+            .breaker
+            .admit()
+            .map_err(|wait| GatewayError::CircuitOpen {
+                upstream: self.name.clone(),
+                retry_after: retry_after_secs(wait),
+            })?;
+        if let Some(rate) = &self.rate
+            && let Err(wait) = rate.check()
+        {
+            // Not the upstream's fault: leave the breaker as it was.
+            ticket.success_if_unused();
+            return Err(GatewayError::RateLimited {
+                retry_after: retry_after_secs(wait),
+                reason: "the upstream's request rate",
+            });
+        }
+        Ok(ticket)
+    }
+
+    /// Waits for a place among the upstream's concurrent calls (bounded by
+    /// the caller's retry deadline).
+    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.concurrency {
+            None => None,
+            Some(places) => places.clone().acquire_owned().await.ok(),
+        }
+    }
+}
+
+impl Ticket<'_> {
+    /// Gives the ticket back without a verdict: a probe that never reached
+    /// the upstream lets the next caller probe instead.
+    fn success_if_unused(mut self) {
+        self.reported = true;
+        if self.probe {
+            let mut state = self.breaker.state_mut();
+            *state = State::HalfOpen { probe_out: false };
+        }
+    }
+}
+
+/// Whether an attempt's error says the upstream is unwell (counts against the breaker).
+pub fn is_upstream_failure(error: &GatewayError) -> bool {
+    match error {
+        GatewayError::Upstream { status, .. } => status.is_server_error() || status.as_u16() == 429,
+        GatewayError::UpstreamUnreachable { .. }
+        | GatewayError::UpstreamTimeout { .. }
+        | GatewayError::UpstreamInvalid { .. } => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn clock() -> Arc<ManualClock> {
+        Arc::new(ManualClock::new(1_700_000_000_000))
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_then_one_probe_decides() {
+        let clock = clock();
+        let breaker = CircuitBreaker::new(3, Duration::from_secs(10), clock.clone());
+        for _ in 0..3 {
+            breaker.admit().unwrap().failure();
+        }
+        assert_eq!(breaker.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(breaker.admit().unwrap_err(), Duration::from_secs(9));
+        clock.advance(Duration::from_secs(9));
+        let probe = breaker.admit().expect("the probe goes through");
+        assert!(breaker.admit().is_err(), "one probe at a time");
+        probe.failure();
+        assert_eq!(breaker.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(10));
+        breaker.admit().unwrap().success();
+        assert_eq!(breaker.state(), CircuitState::Closed);
+        assert!(breaker.admit().is_ok());
+    }
+
+    #[test]
+    fn a_dropped_probe_reopens_instead_of_sticking_half_open() {
+        let clock = clock();
+        let breaker = CircuitBreaker::new(1, Duration::from_secs(1), clock.clone());
+        breaker.admit().unwrap().failure();
+        clock.advance(Duration::from_secs(1));
+        drop(breaker.admit().unwrap());
+        assert_eq!(breaker.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(1));
+        assert!(breaker.admit().is_ok());
+    }
+
+    #[test]
+    fn successes_reset_the_count_and_dropped_tickets_are_neutral() {
+        let breaker = CircuitBreaker::new(2, Duration::from_secs(1), clock());
+        breaker.admit().unwrap().failure();
+        breaker.admit().unwrap().success();
+        breaker.admit().unwrap().failure();
+        drop(breaker.admit().unwrap());
+        assert_eq!(breaker.state(), CircuitState::Closed);
+    }
+
+    #[test]
+    fn the_budget_allows_retries_in_proportion_to_first_attempts() {
+        let clock = clock();
+        let budget = RetryBudget::new(0.2, 0.0, clock.clone());
+        assert!(!budget.try_retry(), "no first attempts, no retries");
+        for _ in 0..10 {
+            budget.record_first();
+        }
+        assert!(budget.try_retry());
+        assert!(budget.try_retry());
+        assert!(!budget.try_retry(), "20% of 10");
+        clock.advance(BUDGET_WINDOW);
+        assert!(!budget.try_retry(), "old first attempts left the window");
+        let reserved = RetryBudget::new(0.0, 1.0, clock);
+        for _ in 0..10 {
+            assert!(reserved.try_retry());
+        }
+        assert!(!reserved.try_retry(), "1/s over 10 s");
+    }
+
+    proptest::proptest! {
+        // Whatever the mix of first attempts and retry requests, granted
+        // retries never exceed ratio x first attempts (no reserve).
+        #[test]
+        fn granted_retries_stay_within_the_ratio(steps in proptest::collection::vec(proptest::bool::ANY, 1..400), ratio in 0.0f64..1.0) {
+            let budget = RetryBudget::new(ratio, 0.0, clock());
+            let (mut firsts, mut granted) = (0u64, 0u64);
+            for first in steps {
+                if first {
+                    budget.record_first();
+                    firsts += 1;
+                } else if budget.try_retry() {
+                    granted += 1;
+                }
+            }
+            proptest::prop_assert!(granted as f64 <= ratio * firsts as f64 + 1e-9);
+        }
+    }
+}
