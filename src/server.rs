@@ -19,7 +19,7 @@ use std::{future::Future, pin::pin, sync::Arc, time::Duration};
 use axum::{
     body::Body,
     extract::{Request, State},
-    middleware::{self, Next},
+    middleware::Next,
     response::{IntoResponse, Response},
 };
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -50,8 +50,7 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app =
-        api::router(state.clone()).layer(middleware::from_fn_with_state(state.clone(), admission));
+    let app = api::router(state.clone());
     let service = TowerToHyperService::new(app);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -120,7 +119,11 @@ async fn drain(state: &AppState, graceful: GracefulShutdown) {
 
 /// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
 /// body (bounded in size and time). `/healthz` and `/readyz` pass untouched.
-async fn admission(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+pub(crate) async fn admission(
+    State(app): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if !request.uri().path().starts_with("/v1/") {
         return next.run(request).await;
     }

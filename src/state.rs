@@ -64,10 +64,11 @@ impl AppState {
     /// As `build`, with the clock cache freshness is judged by (tests move it by hand).
     pub fn build_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Self> {
         let background = CancellationToken::new();
+        let metrics = Metrics::new(&config);
         let cluster = config
             .redis
             .as_ref()
-            .map(|redis| Cluster::start(redis, background.clone()));
+            .map(|redis| Cluster::start(redis, background.clone(), metrics.clone()));
         let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
             (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
                 config.cache.max_entries,
@@ -87,7 +88,6 @@ impl AppState {
             jitter: config.cache.ttl_jitter,
         };
         let tasks = TaskTracker::new();
-        let metrics = Metrics::new(&config);
         let cut_upstream = CancellationToken::new();
         let coalescer = Coalescer::new(
             FlightContext {
@@ -98,6 +98,8 @@ impl AppState {
                 error_ttl: config.cache.error_ttl,
                 early_refresh_beta: config.cache.early_refresh_beta,
                 wait_timeout: config.coalesce.wait_timeout,
+                stream_max_bytes: config.limits.max_response_bytes,
+                stream_stall_timeout: config.coalesce.stream_stall_timeout,
             },
             config.coalesce.clone(),
             tasks.clone(),

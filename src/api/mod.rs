@@ -35,6 +35,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/dashboard", get(dashboard::dashboard))
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
+        // Inside the tracking layer, so refused requests (401, 429, 413, 408,
+        // overload) are counted and carry a request id too.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::server::admission,
+        ))
         // Outermost: every response, errors and fallbacks included, gets the request id.
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -76,7 +76,9 @@ pub async fn passthrough(
     let status = upstream.status();
     let mut response_headers = HeaderMap::new();
     for (name, value) in upstream.headers() {
-        if !HOP_BY_HOP.contains(&name.as_str()) && name != header::SET_COOKIE {
+        // corral's own headers are corral's to set: a provider cannot forge them.
+        let internal = name.as_str().starts_with("x-corral-");
+        if !HOP_BY_HOP.contains(&name.as_str()) && name != header::SET_COOKIE && !internal {
             response_headers.append(name.clone(), value.clone());
         }
     }

@@ -4,7 +4,7 @@
 
 use redis::{
     Cmd, Pipeline, RedisFuture, Value,
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
 };
@@ -21,6 +21,8 @@ use crate::config::RedisConfig;
 pub enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A connection of its own, for blocking reads (they would stall a shared one).
+    Dedicated(MultiplexedConnection),
 }
 
 impl ConnectionLike for Conn {
@@ -28,6 +30,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Dedicated(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -40,6 +43,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.req_packed_commands(cmd, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+            Self::Dedicated(conn) => conn.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -47,6 +51,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
+            Self::Dedicated(conn) => conn.get_db(),
         }
     }
 }
@@ -131,4 +136,26 @@ async fn connect(config: &RedisConfig) -> redis::RedisResult<Conn> {
     )
     .await?;
     Ok(Conn::Single(manager))
+}
+
+/// A fresh connection for blocking reads (`XREAD BLOCK`), whose replies may
+/// take up to `block` to come.
+pub async fn dedicated(config: &RedisConfig, block: Duration) -> redis::RedisResult<Conn> {
+    let urls = config.node_urls();
+    let response_timeout = block + config.op_timeout.max(Duration::from_secs(1));
+    if config.is_cluster() {
+        let client = ClusterClient::builder(urls)
+            .connection_timeout(config.op_timeout.max(Duration::from_secs(1)))
+            .response_timeout(response_timeout)
+            .retries(1)
+            .build()?;
+        return Ok(Conn::Cluster(client.get_async_connection().await?));
+    }
+    let client = redis::Client::open(urls[0].as_str())?;
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(response_timeout);
+    Ok(Conn::Dedicated(
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?,
+    ))
 }

@@ -27,15 +27,21 @@ pub use announce::Interest;
 use announce::{Dispatch, run_subscriber};
 use connection::LazyConn;
 
+use bytes::Bytes;
+use redis::streams::StreamReadReply;
+
 use crate::{
     breaker::{Breaker, BreakerState},
     cache::{
         Entry,
         codec::{self, FlightRecord},
     },
+    coalesce::StreamPublisher,
     config::RedisConfig,
     crypto::Sealer,
     fingerprint::CacheKey,
+    metrics::Metrics,
+    sse::{self, CallerUsage, LogEnd, StreamLog, StreamWriter},
 };
 
 /// Takes the lock unless held; returns the holder's token when held.
@@ -122,6 +128,11 @@ impl Keys {
         self.key(key, "flight")
     }
 
+    /// The owner's live event log, mirrored for followers on other instances.
+    pub fn events(&self, key: &CacheKey, token: &str) -> String {
+        format!("{}:{token}", self.key(key, "events"))
+    }
+
     pub fn channel(&self) -> String {
         format!("{}:v1:done", self.prefix)
     }
@@ -137,6 +148,8 @@ pub struct Cluster {
     /// Unique per process, so lock tokens of two instances never collide.
     instance: String,
     errors: AtomicU64,
+    /// `corral_redis_errors_total`, next to `errors`.
+    metrics: Metrics,
     rejected_values: AtomicU64,
     /// Encrypts values at rest (`redis.encryption_key_env`), bound to their key.
     sealer: Option<Sealer>,
@@ -145,7 +158,7 @@ pub struct Cluster {
 impl Cluster {
     /// Builds the client (no connection yet) and starts the announcement
     /// subscriber and the recovery prober, which run until `stop`.
-    pub fn start(config: &RedisConfig, stop: CancellationToken) -> Arc<Self> {
+    pub fn start(config: &RedisConfig, stop: CancellationToken, metrics: Metrics) -> Arc<Self> {
         let dispatch = Arc::new(Dispatch::default());
         let cluster = Arc::new(Self {
             conn: LazyConn::start(config.clone(), stop.clone()),
@@ -155,6 +168,7 @@ impl Cluster {
             dispatch: dispatch.clone(),
             instance: format!("{:016x}", rand::rng().random::<u64>()),
             errors: AtomicU64::new(0),
+            metrics,
             rejected_values: AtomicU64::new(0),
             sealer: config
                 .encryption_key
@@ -190,6 +204,11 @@ impl Cluster {
         let _ = conn.wait_for(Option::is_some).await;
         let mut subscribed = self.dispatch.subscribed();
         let _ = subscribed.wait_for(|s| *s).await;
+    }
+
+    fn count_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.redis_error();
     }
 
     /// Redis operations that failed or timed out since start.
@@ -234,12 +253,12 @@ impl Cluster {
             Ok(Err(err)) if !is_connectivity(&err) => {
                 // Redis answered (OOM, a script error): it is up, this write is skipped.
                 self.breaker.record_success();
-                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.count_error();
                 tracing::warn!(op = what, error = %err, "redis refused an operation; continuing without it");
                 Err(Unavailable)
             }
             failed => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.count_error();
                 let reason = match failed {
                     Ok(Err(err)) => err.to_string(),
                     _ => format!("no answer within {:?}", self.config.op_timeout),
@@ -500,6 +519,182 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// Bound on a mirrored event stream's length: `XADD MAXLEN ~`.
+const EVENTS_MAX_LEN: usize = 100_000;
+/// How long a mirrored event stream outlives its last write.
+const EVENTS_TTL: Duration = Duration::from_secs(60);
+/// One blocking read's wait; the relay checks for a stall between reads.
+const EVENTS_BLOCK: Duration = Duration::from_millis(500);
+
+impl Cluster {
+    /// A mirror for the cluster owner's flight: every event of the published
+    /// log is appended to a Redis Stream (bounded, expiring), then an end
+    /// marker, so followers elsewhere relay the stream live.
+    pub fn mirror(self: &Arc<Self>, key: &CacheKey, token: &str) -> crate::coalesce::Mirror {
+        let cluster = self.clone();
+        let name = self.keys.events(key, token);
+        Arc::new(move |log: StreamLog| {
+            let cluster = cluster.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                let mut reader = log.reader(CallerUsage::Asked);
+                let mut seq = 0u64;
+                while let Some(event) = reader.next_event().await {
+                    let (field, value) = match log.end() {
+                        // The terminal event carries the end marker.
+                        Some(LogEnd::Done) if reader_at_end(&reader, &log) => ("done", event),
+                        Some(LogEnd::Failed(_)) if reader_at_end(&reader, &log) => {
+                            ("failed", event)
+                        }
+                        _ => ("e", event),
+                    };
+                    if cluster
+                        .append_event(&name, seq, field, &value)
+                        .await
+                        .is_err()
+                    {
+                        // Redis is unwell: followers fall back to the flight record.
+                        return;
+                    }
+                    seq += 1;
+                }
+            });
+        })
+    }
+
+    /// Appends event number `seq` (sealed, when encryption is on, to its stream,
+    /// position and kind, so events cannot be moved, reordered or relabelled).
+    async fn append_event(
+        &self,
+        name: &str,
+        seq: u64,
+        field: &str,
+        value: &Bytes,
+    ) -> Result<(), Unavailable> {
+        let value = self.seal(&event_aad(name, seq, field), value.to_vec());
+        let (name, field) = (name.to_owned(), field.to_owned());
+        self.run("mirror event", |mut conn| async move {
+            redis::pipe()
+                .cmd("XADD")
+                .arg(&name)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(EVENTS_MAX_LEN)
+                .arg("*")
+                .arg(field)
+                .arg(value)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&name)
+                .arg(EVENTS_TTL.as_millis() as u64)
+                .ignore()
+                .query_async::<()>(&mut conn)
+                .await
+        })
+        .await
+    }
+
+    /// A follower's live relay of the owner's mirrored stream into a local
+    /// log, published to this instance's flight at the first event. Returns
+    /// when the end marker arrives, the stream stalls, or Redis fails.
+    pub async fn relay_events(
+        &self,
+        key: &CacheKey,
+        token: &str,
+        publisher: &StreamPublisher,
+        max_bytes: usize,
+        stall_timeout: Duration,
+    ) {
+        let name = self.keys.events(key, token);
+        let Ok(Ok(mut conn)) = tokio::time::timeout(
+            self.config.op_timeout.max(Duration::from_secs(1)),
+            connection::dedicated(&self.config, EVENTS_BLOCK),
+        )
+        .await
+        else {
+            return;
+        };
+        let mut writer: Option<StreamWriter> = None;
+        let mut last_id = "0".to_owned();
+        let mut last_event = Instant::now();
+        let mut seq = 0u64;
+        loop {
+            let reply: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(256)
+                .arg("BLOCK")
+                .arg(EVENTS_BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&name)
+                .arg(&last_id)
+                .query_async(&mut conn)
+                .await;
+            let Ok(reply) = reply else {
+                if let Some(writer) = writer {
+                    writer.fail(sse::error_event("the shared stream was interrupted"));
+                }
+                return;
+            };
+            for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+                last_id = entry.id.clone();
+                last_event = Instant::now();
+                let opened = entry.map.into_iter().next().and_then(|(field, value)| {
+                    let sealed = redis::from_redis_value::<Vec<u8>>(&value).ok()?;
+                    let plain = self.open(&event_aad(&name, seq, &field), sealed)?;
+                    Some((field, plain))
+                });
+                seq += 1;
+                let Some((field, bytes)) = opened else {
+                    // Not an event we wrote (or it does not decrypt): never relay it.
+                    if let Some(writer) = writer {
+                        writer.fail(sse::error_event("the shared stream was unreadable"));
+                    }
+                    return;
+                };
+                let writer_ref = writer.get_or_insert_with(|| {
+                    let (log, writer) = StreamLog::new(max_bytes);
+                    publisher.publish_remote(log);
+                    writer
+                });
+                match field.as_str() {
+                    "done" => {
+                        if let Some(writer) = writer.take() {
+                            writer.finish();
+                        }
+                        return;
+                    }
+                    "failed" => {
+                        if let Some(writer) = writer.take() {
+                            writer.fail(Bytes::from(bytes));
+                        }
+                        return;
+                    }
+                    _ => {
+                        if writer_ref.append(Bytes::from(bytes)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            if last_event.elapsed() > stall_timeout {
+                if let Some(writer) = writer {
+                    writer.fail(sse::error_event("the shared stream stalled"));
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// What an event of a mirrored stream is sealed to.
+fn event_aad(name: &str, seq: u64, field: &str) -> String {
+    format!("{name}#{seq}:{field}")
+}
+
+fn reader_at_end(reader: &crate::sse::StreamReader, log: &StreamLog) -> bool {
+    reader.position() >= log.len()
 }
 
 /// While the breaker is open, probes Redis after each cool-down so the

@@ -26,7 +26,7 @@ use crate::{
 
 pub(super) async fn cluster_flight(
     context: &FlightContext,
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     key: &CacheKey,
     policy: CachePolicy,
     loader: &Loader,
@@ -48,13 +48,39 @@ pub(super) async fn cluster_flight(
             Ok(LockAttempt::Acquired(lease)) => {
                 return Some(own(context, cluster, lease, key, policy, loader, publisher).await);
             }
-            Ok(LockAttempt::Held(token)) => match cluster.follow(key, token, deadline).await {
-                Follow::Done(record) => return Some(outcome_of(record)),
-                // The owner died (its lease expired) or Redis lost the lock: contend again.
-                Follow::Vacant => continue,
-                Follow::Unavailable => return None,
-                Follow::TimedOut => return Some(Err(Arc::new(GatewayError::WaitTimedOut))),
-            },
+            Ok(LockAttempt::Held(token)) => {
+                // A streaming caller here: relay the owner's mirrored events live.
+                let relay = publisher.is_live().then(|| {
+                    let (cluster, key, token, publisher) = (
+                        cluster.clone(),
+                        key.clone(),
+                        token.clone(),
+                        publisher.clone(),
+                    );
+                    let (max_bytes, stall) =
+                        (context.stream_max_bytes, context.stream_stall_timeout);
+                    tokio::spawn(async move {
+                        cluster
+                            .relay_events(&key, &token, &publisher, max_bytes, stall)
+                            .await;
+                    })
+                });
+                let followed = cluster.follow(key, token, deadline).await;
+                // A relay that never saw an event (the owner did not stream)
+                // is not needed; one under way ends at the end marker by itself.
+                if let Some(relay) = relay
+                    && !publisher.published()
+                {
+                    relay.abort();
+                }
+                match followed {
+                    Follow::Done(record) => return Some(outcome_of(record)),
+                    // The owner died (its lease expired) or Redis lost the lock: contend again.
+                    Follow::Vacant => continue,
+                    Follow::Unavailable => return None,
+                    Follow::TimedOut => return Some(Err(Arc::new(GatewayError::WaitTimedOut))),
+                }
+            }
         }
     }
     None
@@ -63,7 +89,7 @@ pub(super) async fn cluster_flight(
 /// The cluster owner's part: double-check, call, store, record, announce, release.
 async fn own(
     context: &FlightContext,
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     lease: Lease,
     key: &CacheKey,
     policy: CachePolicy,
@@ -82,10 +108,12 @@ async fn own(
             source: Source::Cache,
         }),
         None => {
+            // Followers on other instances relay the stream live from Redis.
+            let publisher = publisher.mirrored(cluster.mirror(key, &lease.token));
             cluster
                 .holding(
                     &lease,
-                    load_and_store(context, key, policy, loader, publisher),
+                    load_and_store(context, key, policy, loader, &publisher),
                 )
                 .await
         }

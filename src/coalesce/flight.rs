@@ -28,7 +28,7 @@ pub type Outcome = Result<Fetched, Arc<GatewayError>>;
 struct Flight {
     result: watch::Receiver<Option<Outcome>>,
     /// The live event log, once a streamed flight's upstream stream has begun.
-    stream: watch::Receiver<Option<StreamLog>>,
+    stream: watch::Receiver<Option<LiveLog>>,
     waiters: AtomicUsize,
 }
 
@@ -99,7 +99,7 @@ impl Flights {
         fingerprint: Fingerprint,
     ) -> (FlightGuard, Arc<Flight>) {
         let (sender, result) = watch::channel(None);
-        let (stream_sender, stream) = watch::channel(None);
+        let (stream_sender, stream) = watch::channel(None::<LiveLog>);
         let flight = Arc::new(Flight {
             result,
             stream,
@@ -114,6 +114,8 @@ impl Flights {
             stream: StreamPublisher {
                 sender: stream_sender,
                 flight: Some(flight.clone()),
+                live: false,
+                mirror: None,
             },
         };
         (guard, flight)
@@ -152,11 +154,33 @@ pub struct FlightGuard {
     stream: StreamPublisher,
 }
 
-/// Lets a streamed flight's loader show its live log to the flight's waiters.
+/// A flight's live log, and whether it is relayed from another instance's flight.
 #[derive(Debug, Clone)]
+pub struct LiveLog {
+    pub log: StreamLog,
+    pub remote: bool,
+}
+
+/// Also receives a published log (the cluster owner mirrors it into Redis).
+pub type Mirror = Arc<dyn Fn(StreamLog) + Send + Sync>;
+
+/// Lets a streamed flight's loader show its live log to the flight's waiters.
+#[derive(Clone)]
 pub struct StreamPublisher {
-    sender: watch::Sender<Option<StreamLog>>,
+    sender: watch::Sender<Option<LiveLog>>,
     flight: Option<Arc<Flight>>,
+    /// The flight was started by a streaming caller: worth relaying live.
+    live: bool,
+    mirror: Option<Mirror>,
+}
+
+impl std::fmt::Debug for StreamPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamPublisher")
+            .field("live", &self.live)
+            .field("mirrored", &self.mirror.is_some())
+            .finish()
+    }
 }
 
 impl StreamPublisher {
@@ -165,11 +189,47 @@ impl StreamPublisher {
         Self {
             sender: watch::Sender::new(None),
             flight: None,
+            live: false,
+            mirror: None,
         }
     }
 
+    /// Publishes this instance's own upstream stream.
     pub fn publish(&self, log: StreamLog) {
-        self.sender.send_replace(Some(log));
+        if let Some(mirror) = &self.mirror {
+            mirror(log.clone());
+        }
+        self.sender
+            .send_replace(Some(LiveLog { log, remote: false }));
+    }
+
+    /// Publishes a stream relayed from another instance's flight.
+    pub fn publish_remote(&self, log: StreamLog) {
+        self.sender
+            .send_replace(Some(LiveLog { log, remote: true }));
+    }
+
+    /// Whether a live log has been published.
+    pub fn published(&self) -> bool {
+        self.sender.borrow().is_some()
+    }
+
+    /// Whether the flight's owner is a streaming caller.
+    pub fn is_live(&self) -> bool {
+        self.live
+    }
+
+    pub(super) fn with_live(mut self, live: bool) -> Self {
+        self.live = live;
+        self
+    }
+
+    /// The same publisher, also handing the log to `mirror`.
+    pub fn mirrored(&self, mirror: Mirror) -> Self {
+        Self {
+            mirror: Some(mirror),
+            ..self.clone()
+        }
     }
 
     /// Callers still waiting for the flight's complete outcome.
@@ -229,7 +289,7 @@ pub struct WaiterTicket {
 pub enum Waited {
     Done(Outcome),
     /// The flight streams: here is its live log (only for waiters that asked).
-    Live(StreamLog),
+    Live(LiveLog),
     /// The owner went away without an outcome.
     Abandoned,
     TimedOut,

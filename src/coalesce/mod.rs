@@ -11,7 +11,9 @@ use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-pub use flight::{FlightGuard, Flights, Outcome, Role, StreamPublisher, Waited, WaiterTicket};
+pub use flight::{
+    FlightGuard, Flights, LiveLog, Mirror, Outcome, Role, StreamPublisher, Waited, WaiterTicket,
+};
 
 use crate::{
     cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, should_refresh_early},
@@ -127,6 +129,9 @@ pub struct FlightContext {
     /// XFetch's beta; 0 disables early refresh.
     pub early_refresh_beta: f64,
     pub wait_timeout: Duration,
+    /// Bound of a relayed stream's log, and how long it may go without an event.
+    pub stream_max_bytes: usize,
+    pub stream_stall_timeout: Duration,
 }
 
 impl Coalescer {
@@ -196,19 +201,22 @@ impl Coalescer {
         for _ in 0..MAX_ELECTIONS {
             let (ticket, owner) = match self.flights.join(fingerprint, self.config.max_waiters)? {
                 Role::Owner(guard, ticket) => {
-                    self.spawn_flight(guard, key.clone(), policy, loader.clone());
+                    self.spawn_flight(guard, key.clone(), policy, loader.clone(), live);
                     (ticket, true)
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
             match ticket.wait_for(deadline, live).await {
-                Waited::Live(log) => {
-                    let status = if owner {
+                Waited::Live(live) => {
+                    let status = if owner && !live.remote {
                         CacheStatus::Miss
                     } else {
                         CacheStatus::Coalesced
                     };
-                    return Ok(Answer::Live { log, status });
+                    return Ok(Answer::Live {
+                        log: live.log,
+                        status,
+                    });
                 }
                 Waited::Done(Ok(fetched)) => {
                     let status = match (owner, fetched.source) {
@@ -249,16 +257,23 @@ impl Coalescer {
                 bypass: false,
                 revalidate: false,
             };
-            self.spawn_flight(guard, key, policy, loader);
+            self.spawn_flight(guard, key, policy, loader, false);
         }
     }
 
     /// Runs the flight on its own task, so the upstream call and the cache
     /// write finish even when the owner's client disconnects.
-    fn spawn_flight(&self, guard: FlightGuard, key: CacheKey, policy: CachePolicy, loader: Loader) {
+    fn spawn_flight(
+        &self,
+        guard: FlightGuard,
+        key: CacheKey,
+        policy: CachePolicy,
+        loader: Loader,
+        live: bool,
+    ) {
         let context = self.context.clone();
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
-        let publisher = guard.stream_publisher();
+        let publisher = guard.stream_publisher().with_live(live);
         self.tasks.spawn(
             async move {
                 let outcome = run_flight(&context, &key, policy, loader, publisher).await;

@@ -215,7 +215,9 @@ async fn when_the_owner_instance_is_killed_another_takes_over_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
     let mut redis = RedisServer::spawn().await;
-    let op_timeout = Duration::from_millis(150);
+    // Short enough to show the bound, with headroom for a loaded CI machine
+    // (the production default is 150 ms).
+    let op_timeout = Duration::from_millis(400);
     let fleet = Fleet::start(4, |config| {
         let mut redis_config = redis_config(&redis.url());
         redis_config.op_timeout = op_timeout;
@@ -251,6 +253,17 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
     for instance in &fleet.instances {
         let cluster = instance.state.cluster.as_ref().unwrap();
         assert!(cluster.errors() > 0, "the failures were counted");
+        let exposition = instance.get("/metrics").await;
+        let text = String::from_utf8_lossy(&exposition.body).into_owned();
+        let counted = text
+            .lines()
+            .find(|line| line.starts_with("corral_redis_errors_total"))
+            .and_then(|line| line.split_whitespace().last())
+            .and_then(|value| value.parse::<f64>().ok());
+        assert!(
+            counted.is_some_and(|n| n > 0.0),
+            "and exported: {counted:?}"
+        );
         assert_eq!(instance.get("/readyz").await.json()["status"], "degraded");
     }
 
@@ -300,7 +313,10 @@ fn a_key() -> CacheKey {
 async fn only_the_owner_can_release_its_lock() {
     let redis = RedisServer::spawn().await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let cluster = corral::cluster::Cluster::start(&redis_config(&redis.url()), stop.clone());
+    let metrics =
+        corral::metrics::Metrics::new(&corral::Config::for_tests("http://127.0.0.1:1/v1"));
+    let cluster =
+        corral::cluster::Cluster::start(&redis_config(&redis.url()), stop.clone(), metrics);
     tokio::time::timeout(WAIT, cluster.connected())
         .await
         .expect("connects");

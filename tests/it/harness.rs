@@ -231,6 +231,14 @@ impl Fleet {
         let provider = MockProvider::start(MockSettings::default())
             .await
             .expect("mock provider starts");
+        Self::start_with(provider, n, adjust).await
+    }
+
+    pub async fn start_with(
+        provider: MockProvider,
+        n: usize,
+        adjust: impl Fn(&mut Config),
+    ) -> Self {
         let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let mut instances = Vec::new();
         for _ in 0..n {

@@ -232,6 +232,10 @@ async fn gateway_keys_gate_every_v1_path_and_the_provider_key_is_used_upstream()
         assert_eq!(reply.json()["error"]["code"], "invalid_api_key");
         assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
         assert!(!String::from_utf8_lossy(&reply.body).contains("gw-wrong"));
+        assert!(
+            reply.header("x-request-id").is_some(),
+            "refusals are tracked too"
+        );
     }
     assert_eq!(
         gateway.get("/v1/models").await.status,

@@ -299,3 +299,144 @@ async fn cached_answers_serve_both_kinds_of_caller() {
     assert_eq!(usage_chunk["usage"], plain.json()["usage"]);
     assert_eq!(gateway.provider.calls(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_on_another_instance_relays_the_stream_live() {
+    let redis = RedisServer::spawn().await;
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(50),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let fleet = Fleet::start_with(provider, 2, |config| {
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    let body = streaming("relay this stream live to another instance of the gateway please");
+    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
+    let mut owner = fleet.instances[0]
+        .client
+        .post(owner_url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut owner_bytes = Vec::new();
+    while events_in(&owner_bytes) < 2 {
+        let chunk = tokio::time::timeout(WAIT, owner.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    // Joins on the other instance while the owner's stream is still running.
+    let follower = fleet.instances[1].post(PATH, &body).await;
+    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    assert_eq!(follower.cache(), "COALESCED");
+    // A replay of the finished answer would be chunked differently: equal bytes
+    // mean the follower relayed the owner's own events from Redis.
+    assert_eq!(follower.body, Bytes::from(owner_bytes));
+    assert_eq!(fleet.provider.calls(), 1);
+    let keys: Vec<String> = redis.dump().await.into_iter().map(|(k, _)| k).collect();
+    assert!(keys.iter().any(|k| k.contains(":events:")), "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrored_stream_events_are_encrypted_at_rest() {
+    let redis = RedisServer::spawn().await;
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(50),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let fleet = Fleet::start_with(provider, 2, |config| {
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            encryption_key: Some(corral::config::Secret::new([0x42; 32])),
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    let canary = "CANARY-7f3a streamed secret words for the relay";
+    let body = streaming(canary);
+    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
+    let mut owner = fleet.instances[0]
+        .client
+        .post(owner_url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut owner_bytes = Vec::new();
+    while events_in(&owner_bytes) < 2 {
+        let chunk = tokio::time::timeout(WAIT, owner.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    let follower = fleet.instances[1].post(PATH, &body).await;
+    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    assert_eq!(
+        follower.body,
+        Bytes::from(owner_bytes),
+        "relayed live through the encrypted stream"
+    );
+    assert!(String::from_utf8_lossy(&follower.body).contains("CANARY-7f3a"));
+
+    let mut conn = redis.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:events:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&keys[0])
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let values: Vec<Vec<u8>> = entries
+        .ids
+        .iter()
+        .flat_map(|entry| entry.map.values())
+        .map(|value| redis::from_redis_value::<Vec<u8>>(value).unwrap())
+        .collect();
+    assert!(values.len() > 5, "the stream holds every event");
+    let canary_bytes = b"CANARY";
+    assert!(
+        values
+            .iter()
+            .all(|v| !v.windows(canary_bytes.len()).any(|w| w == canary_bytes)),
+        "no event is stored in the clear"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0);
+}
