@@ -277,6 +277,22 @@ pub struct CoalesceConfig {
     /// Cancel a streamed upstream call once every caller reading it has gone
     /// (stops the spend; the answer is then not cached). Off: it completes and is cached.
     pub cancel_when_abandoned: bool,
+    /// Callers waiting on all flights together; beyond it, 503 + Retry-After.
+    pub max_total_waiters: usize,
+    /// What a follower does when `wait_timeout` passes: `error` (504) or
+    /// `own_call` (make its own upstream call, outside the flight).
+    pub on_wait_timeout: OnWaitTimeout,
+}
+
+/// A follower's choice when its wait for the owner runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnWaitTimeout {
+    /// Answer 504: the provider is not asked twice for one answer.
+    #[default]
+    Error,
+    /// Call upstream itself: the caller gets an answer, at the price of a second call.
+    OwnCall,
 }
 
 impl Default for CoalesceConfig {
@@ -286,6 +302,8 @@ impl Default for CoalesceConfig {
             wait_timeout: Duration::from_secs(180),
             stream_stall_timeout: Duration::from_secs(60),
             cancel_when_abandoned: false,
+            max_total_waiters: 100_000,
+            on_wait_timeout: OnWaitTimeout::Error,
         }
     }
 }
@@ -877,6 +895,12 @@ impl Config {
             return Err(ConfigError::key(
                 "coalesce.max_waiters",
                 "must be at least 1",
+            ));
+        }
+        if self.coalesce.max_total_waiters < self.coalesce.max_waiters {
+            return Err(ConfigError::key(
+                "coalesce.max_total_waiters",
+                "must be at least coalesce.max_waiters",
             ));
         }
         if self.coalesce.wait_timeout.is_zero() {

@@ -67,7 +67,18 @@ pub enum Role {
 
 impl Flights {
     /// Joins the flight for `fingerprint`, starting it if there is none.
-    pub fn join(&self, fingerprint: Fingerprint, max_waiters: usize) -> Result<Role, GatewayError> {
+    /// `max_waiters` bounds one flight's waiters, `max_total` all flights'.
+    pub fn join(
+        &self,
+        fingerprint: Fingerprint,
+        max_waiters: usize,
+        max_total: usize,
+    ) -> Result<Role, GatewayError> {
+        if *self.shared.waiters.borrow() >= max_total {
+            return Err(GatewayError::TooManyWaiters {
+                retry_after: Duration::from_secs(1),
+            });
+        }
         let mut map = self.shared.map();
         if let Some(flight) = map.get(&fingerprint) {
             if flight.waiters.load(Ordering::Acquire) >= max_waiters {
@@ -383,10 +394,10 @@ mod tests {
     #[tokio::test]
     async fn first_caller_owns_the_rest_follow_and_the_flight_ends() {
         let flights = Flights::default();
-        let Role::Owner(guard, _owner) = flights.join(fingerprint(1), 10).unwrap() else {
+        let Role::Owner(guard, _owner) = flights.join(fingerprint(1), 10, 100).unwrap() else {
             panic!("first caller must own");
         };
-        let Role::Follower(follower) = flights.join(fingerprint(1), 10).unwrap() else {
+        let Role::Follower(follower) = flights.join(fingerprint(1), 10, 100).unwrap() else {
             panic!("second caller must follow");
         };
         assert_eq!(*flights.waiters().borrow(), 2);
@@ -395,7 +406,7 @@ mod tests {
         assert!(matches!(follower.wait(far()).await, Waited::Done(Err(_))));
         // The next caller starts afresh.
         assert!(matches!(
-            flights.join(fingerprint(1), 10).unwrap(),
+            flights.join(fingerprint(1), 10, 100).unwrap(),
             Role::Owner(..)
         ));
     }
@@ -403,10 +414,10 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_guard_abandons_the_flight() {
         let flights = Flights::default();
-        let Role::Owner(guard, _owner) = flights.join(fingerprint(2), 10).unwrap() else {
+        let Role::Owner(guard, _owner) = flights.join(fingerprint(2), 10, 100).unwrap() else {
             panic!("first caller must own");
         };
-        let Role::Follower(follower) = flights.join(fingerprint(2), 10).unwrap() else {
+        let Role::Follower(follower) = flights.join(fingerprint(2), 10, 100).unwrap() else {
             panic!("second caller must follow");
         };
         drop(guard);
@@ -418,10 +429,21 @@ mod tests {
     #[tokio::test]
     async fn waiters_beyond_the_cap_are_refused() {
         let flights = Flights::default();
-        let _owner = flights.join(fingerprint(3), 2).unwrap();
-        let _second = flights.join(fingerprint(3), 2).unwrap();
+        let _owner = flights.join(fingerprint(3), 2, 100).unwrap();
+        let _second = flights.join(fingerprint(3), 2, 100).unwrap();
         assert!(matches!(
-            flights.join(fingerprint(3), 2),
+            flights.join(fingerprint(3), 2, 100),
+            Err(GatewayError::TooManyWaiters { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn waiters_beyond_the_global_cap_are_refused() {
+        let flights = Flights::default();
+        let _a = flights.join(fingerprint(5), 10, 2).unwrap();
+        let _b = flights.join(fingerprint(6), 10, 2).unwrap();
+        assert!(matches!(
+            flights.join(fingerprint(7), 10, 2),
             Err(GatewayError::TooManyWaiters { .. })
         ));
     }
@@ -429,7 +451,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn waits_are_bounded() {
         let flights = Flights::default();
-        let Role::Owner(_guard, ticket) = flights.join(fingerprint(4), 10).unwrap() else {
+        let Role::Owner(_guard, ticket) = flights.join(fingerprint(4), 10, 100).unwrap() else {
             panic!("first caller must own");
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -19,7 +19,7 @@ use crate::{
     cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, should_refresh_early},
     clock::Clock,
     cluster::Cluster,
-    config::CoalesceConfig,
+    config::{CoalesceConfig, OnWaitTimeout},
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
@@ -199,7 +199,12 @@ impl Coalescer {
 
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         for _ in 0..MAX_ELECTIONS {
-            let (ticket, owner) = match self.flights.join(fingerprint, self.config.max_waiters)? {
+            let joined = self.flights.join(
+                fingerprint,
+                self.config.max_waiters,
+                self.config.max_total_waiters,
+            )?;
+            let (ticket, owner) = match joined {
                 Role::Owner(guard, ticket) => {
                     self.spawn_flight(guard, key.clone(), policy, loader.clone(), live);
                     (ticket, true)
@@ -234,7 +239,10 @@ impl Coalescer {
                     }));
                 }
                 Waited::Done(Err(error)) => return Err(error),
-                Waited::TimedOut => return Err(Arc::new(GatewayError::WaitTimedOut)),
+                Waited::TimedOut => {
+                    drop(ticket);
+                    return self.on_wait_timeout(&key, policy, &loader, owner).await;
+                }
                 Waited::Abandoned => {
                     tracing::warn!(fingerprint = ?fingerprint, "flight abandoned; electing a new owner");
                 }
@@ -243,6 +251,36 @@ impl Coalescer {
         Err(Arc::new(GatewayError::Internal(anyhow::anyhow!(
             "flight for {fingerprint:?} was abandoned {MAX_ELECTIONS} times"
         ))))
+    }
+
+    /// A follower whose wait ran out: 504, or (`coalesce.on_wait_timeout:
+    /// own_call`) its own upstream call, outside the flight it gave up on.
+    async fn on_wait_timeout(
+        &self,
+        key: &CacheKey,
+        policy: CachePolicy,
+        loader: &Loader,
+        owner: bool,
+    ) -> Result<Answer, Arc<GatewayError>> {
+        // The owner's own flight is the call; a second one would not be faster.
+        if owner || self.config.on_wait_timeout == OnWaitTimeout::Error {
+            return Err(Arc::new(GatewayError::WaitTimedOut));
+        }
+        tracing::warn!(fingerprint = ?key.fingerprint, "wait for the owner timed out; calling upstream directly");
+        let fetched = load_and_store(
+            &self.context,
+            key,
+            policy,
+            loader,
+            &StreamPublisher::detached(),
+        )
+        .await?;
+        Ok(Answer::Complete(Served {
+            response: fetched.response,
+            status: CacheStatus::Miss,
+            stored: fetched.stored,
+            age: None,
+        }))
     }
 
     /// Starts one refresh of an entry `age` old, unless a flight for it runs

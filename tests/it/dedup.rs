@@ -504,3 +504,51 @@ async fn other_v1_paths_are_proxied_and_health_endpoints_answer() {
     assert_eq!(ready.json()["status"], "ready");
     let _ = WAIT;
 }
+
+#[tokio::test]
+async fn a_follower_whose_wait_runs_out_gets_504_or_makes_its_own_call() {
+    for own_call in [false, true] {
+        let gateway = TestGateway::start(|config| {
+            config.coalesce.wait_timeout = Duration::from_millis(300);
+            if own_call {
+                config.coalesce.on_wait_timeout = corral::config::OnWaitTimeout::OwnCall;
+            }
+        })
+        .await;
+        let body = chat("a slow owner");
+        gateway.provider.hold();
+        let owner = {
+            let handle = gateway.clone_handle();
+            let body = body.clone();
+            tokio::spawn(async move { handle.post_with("/v1/chat/completions", &body, &[]).await })
+        };
+        gateway.wait_for_calls(1).await;
+        let follower = {
+            let handle = gateway.clone_handle();
+            let body = body.clone();
+            tokio::spawn(async move { handle.post_with("/v1/chat/completions", &body, &[]).await })
+        };
+        if own_call {
+            // The follower gave up on the flight and went upstream itself.
+            gateway.wait_for_calls(2).await;
+            gateway.provider.release();
+            let follower = follower.await.unwrap();
+            assert_eq!(follower.status, StatusCode::OK);
+            assert_eq!(follower.cache(), "MISS");
+        } else {
+            let follower = follower.await.unwrap();
+            assert_eq!(follower.status, StatusCode::GATEWAY_TIMEOUT);
+            assert_eq!(follower.json()["error"]["code"], "coalesce_wait_timeout");
+            gateway.provider.release();
+        }
+        // The owner's own wait is bounded the same way (it started first, so it
+        // ran out first); its flight is the call and is never repeated for it.
+        let owner = owner.await.unwrap();
+        assert_eq!(owner.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(
+            gateway.provider.calls(),
+            if own_call { 2 } else { 1 },
+            "own_call {own_call}"
+        );
+    }
+}
