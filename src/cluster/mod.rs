@@ -298,20 +298,10 @@ impl Cluster {
     }
 
     pub async fn get_entry(&self, key: &CacheKey) -> Result<Option<Entry>, Unavailable> {
-        let name = self.keys.entry(key);
-        let query = name.clone();
-        let bytes: Option<Vec<u8>> = self
-            .run("get entry", |mut conn| async move { conn.get(query).await })
-            .await?;
-        let bytes = bytes.and_then(|bytes| self.open(&name, bytes));
-        Ok(bytes.and_then(|bytes| match codec::decode_entry(&bytes, key) {
-            Ok(entry) => Some(entry),
-            Err(err) => {
-                self.rejected_values.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %err, "rejected a cache value that does not match its key");
-                None
-            }
-        }))
+        self.get_value("get entry", self.keys.entry(key), |bytes| {
+            codec::decode_entry(bytes, key)
+        })
+        .await
     }
 
     /// Stores an entry; its Redis expiry is its hard TTL, measured from now.
@@ -322,32 +312,16 @@ impl Cluster {
         now_ms: u64,
     ) -> Result<(), Unavailable> {
         let ttl_ms = entry.hard_expires_at_ms.saturating_sub(now_ms).max(1);
-        let name = self.keys.entry(key);
-        let bytes = self.seal(&name, codec::encode_entry(key, entry));
-        self.run("put entry", |mut conn| async move {
-            conn.pset_ex::<_, _, ()>(name, bytes, ttl_ms).await
-        })
-        .await
+        let value = codec::encode_entry(key, entry);
+        self.put_value("put entry", self.keys.entry(key), value, ttl_ms)
+            .await
     }
 
     pub async fn get_record(&self, key: &CacheKey) -> Result<Option<FlightRecord>, Unavailable> {
-        let name = self.keys.record(key);
-        let query = name.clone();
-        let bytes: Option<Vec<u8>> = self
-            .run(
-                "get record",
-                |mut conn| async move { conn.get(query).await },
-            )
-            .await?;
-        let bytes = bytes.and_then(|bytes| self.open(&name, bytes));
-        Ok(bytes.and_then(|bytes| match codec::decode_record(&bytes, key) {
-            Ok(record) => Some(record),
-            Err(err) => {
-                self.rejected_values.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %err, "rejected a flight record that does not match its key");
-                None
-            }
-        }))
+        self.get_value("get record", self.keys.record(key), |bytes| {
+            codec::decode_record(bytes, key)
+        })
+        .await
     }
 
     /// Records how a flight ended: errors for `error_ttl` (negative caching),
@@ -363,11 +337,52 @@ impl Cluster {
         } else {
             SUCCESS_RECORD_TTL
         };
-        let name = self.keys.record(key);
-        let bytes = self.seal(&name, codec::encode_record(key, record));
-        self.run("put record", |mut conn| async move {
-            conn.pset_ex::<_, _, ()>(name, bytes, ttl.as_millis() as u64)
-                .await
+        let value = codec::encode_record(key, record);
+        self.put_value(
+            "put record",
+            self.keys.record(key),
+            value,
+            ttl.as_millis() as u64,
+        )
+        .await
+    }
+
+    /// Reads key `name`, decrypts and decodes it. A value that does not
+    /// decrypt or does not belong to its key is a counted miss, never served.
+    async fn get_value<T>(
+        &self,
+        what: &'static str,
+        name: String,
+        decode: impl FnOnce(&[u8]) -> Result<T, codec::DecodeError>,
+    ) -> Result<Option<T>, Unavailable> {
+        let query = name.clone();
+        let bytes: Option<Vec<u8>> = self
+            .run(what, |mut conn| async move { conn.get(query).await })
+            .await?;
+        let Some(plain) = bytes.and_then(|bytes| self.open(&name, bytes)) else {
+            return Ok(None);
+        };
+        match decode(&plain) {
+            Ok(value) => Ok(Some(value)),
+            Err(err) => {
+                self.rejected_values.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(op = what, error = %err, "rejected a Redis value that does not match its key");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Encrypts (when on) and writes `value` under `name` with a TTL.
+    async fn put_value(
+        &self,
+        what: &'static str,
+        name: String,
+        value: Vec<u8>,
+        ttl_ms: u64,
+    ) -> Result<(), Unavailable> {
+        let bytes = self.seal(&name, value);
+        self.run(what, |mut conn| async move {
+            conn.pset_ex::<_, _, ()>(name, bytes, ttl_ms).await
         })
         .await
     }
