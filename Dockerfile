@@ -4,9 +4,11 @@ FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY assets ./assets
 COPY config.yaml ./
 # Targets Cargo.toml names must exist for the manifest to parse.
 COPY tests ./tests
+COPY benches ./benches
 RUN cargo build --release --locked --bin corral --bin mock-upstream
 
 FROM debian:bookworm-slim

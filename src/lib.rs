@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod bench;
 pub mod breaker;
 pub mod cache;
 pub mod clock;
