@@ -318,32 +318,7 @@ async fn a_follower_on_another_instance_relays_the_stream_live() {
     })
     .await;
     let body = streaming("relay this stream live to another instance of the gateway please");
-    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
-    let mut owner = fleet.instances[0]
-        .client
-        .post(owner_url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while events_in(&owner_bytes) < 2 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    // Joins on the other instance while the owner's stream is still running.
-    let follower = fleet.instances[1].post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
     assert_eq!(follower.cache(), "COALESCED");
     // A replay of the finished answer would be chunked differently: equal bytes
     // mean the follower relayed the owner's own events from Redis.
@@ -373,31 +348,7 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
     .await;
     let canary = "CANARY-7f3a streamed secret words for the relay";
     let body = streaming(canary);
-    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
-    let mut owner = fleet.instances[0]
-        .client
-        .post(owner_url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while events_in(&owner_bytes) < 2 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    let follower = fleet.instances[1].post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
     assert_eq!(
         follower.body,
         Bytes::from(owner_bytes),
@@ -439,4 +390,36 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
         .await
         .unwrap();
     assert!(ttl > 0);
+}
+
+/// The owner streams `body` on instance 0; once two events arrived, the same
+/// request is sent to instance 1. Returns the owner's whole stream and the follower's reply.
+async fn stream_on_two_instances(fleet: &Fleet, body: &Value) -> (Vec<u8>, Reply) {
+    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
+    let mut owner = fleet.instances[0]
+        .client
+        .post(owner_url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let mut owner_bytes = Vec::new();
+    while events_in(&owner_bytes) < 2 {
+        let chunk = tokio::time::timeout(WAIT, owner.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    // Joins on the other instance while the owner's stream is still running.
+    let follower = fleet.instances[1].post(PATH, body).await;
+    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    (owner_bytes, follower)
 }
