@@ -250,27 +250,19 @@ fn field_role(name: &str) -> FieldRole {
 /// The canonical bytes of a request body: ignored fields removed, message text
 /// trimmed with line endings unified, keys sorted, numbers in one spelling, no
 /// insignificant whitespace.
+///
+/// Written in one pass over the parsed body, without copying it: this runs on
+/// every request, hits included, and the key can be no cheaper than hashing
+/// its input once, so everything but that hash is kept to a copy of the bytes.
 pub fn canonical_body(body: &Map<String, Value>, normalization: Normalization) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    let mut fields: Vec<(&String, &Value)> = body
-        .iter()
-        .filter(|(name, _)| field_role(name) == FieldRole::Keyed)
-        .collect();
-    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    out.push(b'{');
-    for (i, (name, value)) in fields.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+    write_object(&mut out, body, |out, name, value| match field_role(name) {
+        FieldRole::Ignored => false,
+        FieldRole::Keyed if name == "messages" => {
+            write_entry(out, name, |out| write_messages(out, value, normalization))
         }
-        write_string(&mut out, name);
-        out.push(b':');
-        if name == "messages" {
-            write_messages(&mut out, value, normalization);
-        } else {
-            write_canonical(&mut out, value);
-        }
-    }
-    out.push(b'}');
+        FieldRole::Keyed => write_entry(out, name, |out| write_canonical(out, value)),
+    });
     out
 }
 
@@ -282,40 +274,76 @@ pub fn write_canonical(out: &mut Vec<u8>, value: &Value) {
         Value::Bool(true) => out.extend_from_slice(b"true"),
         Value::Bool(false) => out.extend_from_slice(b"false"),
         Value::Number(number) => write_number(out, number),
-        Value::String(text) => write_string(out, text),
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(out, item);
-            }
-            out.push(b']');
+        Value::String(text) => write_string(out, text, LineEndings::Keep),
+        Value::Array(items) => write_array(out, items, write_canonical),
+        Value::Object(map) => write_object(out, map, |out, name, item| {
+            write_entry(out, name, |out| write_canonical(out, item))
+        }),
+    }
+}
+
+/// `[a,b,…]`, each item written by `write_item`.
+fn write_array(out: &mut Vec<u8>, items: &[Value], write_item: impl Fn(&mut Vec<u8>, &Value)) {
+    out.push(b'[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (name, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(out, name);
-                out.push(b':');
-                write_canonical(out, item);
-            }
-            out.push(b'}');
+        write_item(out, item);
+    }
+    out.push(b']');
+}
+
+/// `{…}` with the entries in key order. `write_field` writes one entry (with
+/// [`write_entry`]) and says whether it wrote anything, so a caller can leave
+/// fields out. A map that already iterates in key order (serde_json's default
+/// `BTreeMap`) is walked as it is; only an insertion-ordered one is sorted.
+fn write_object(
+    out: &mut Vec<u8>,
+    map: &Map<String, Value>,
+    mut write_field: impl FnMut(&mut Vec<u8>, &str, &Value) -> bool,
+) {
+    out.push(b'{');
+    let mut wrote_any = false;
+    let mut field = |out: &mut Vec<u8>, name: &str, value: &Value| {
+        let before = out.len();
+        if wrote_any {
+            out.push(b',');
+        }
+        if write_field(out, name, value) {
+            wrote_any = true;
+        } else {
+            out.truncate(before);
+        }
+    };
+    if map.keys().is_sorted() {
+        for (name, value) in map {
+            field(out, name, value);
+        }
+    } else {
+        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (name, value) in entries {
+            field(out, name, value);
         }
     }
+    out.push(b'}');
+}
+
+/// `"name":value`; always writes, so it returns `true` for [`write_object`].
+fn write_entry(out: &mut Vec<u8>, name: &str, write_value: impl FnOnce(&mut Vec<u8>)) -> bool {
+    write_string(out, name, LineEndings::Keep);
+    out.push(b':');
+    write_value(out);
+    true
 }
 
 /// One spelling per numeric value: `1`, `1.0` and `1e0` all become `1`.
 fn write_number(out: &mut Vec<u8>, number: &serde_json::Number) {
     if let Some(n) = number.as_i64() {
-        out.extend_from_slice(n.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     } else if let Some(n) = number.as_u64() {
-        out.extend_from_slice(n.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     } else if let Some(f) = number.as_f64() {
         // Integral floats print as integers so they equal their integer
         // spelling (every f64 this large is integral); the rest use the
@@ -323,18 +351,75 @@ fn write_number(out: &mut Vec<u8>, number: &serde_json::Number) {
         const I64_END: f64 = 9_223_372_036_854_775_808.0; // 2^63
         const U64_END: f64 = 18_446_744_073_709_551_616.0; // 2^64
         if f.fract() == 0.0 && (-I64_END..I64_END).contains(&f) {
-            out.extend_from_slice((f as i64).to_string().as_bytes());
+            out.extend_from_slice(itoa::Buffer::new().format(f as i64).as_bytes());
         } else if f.fract() == 0.0 && (0.0..U64_END).contains(&f) {
-            out.extend_from_slice((f as u64).to_string().as_bytes());
+            out.extend_from_slice(itoa::Buffer::new().format(f as u64).as_bytes());
         } else {
             out.extend_from_slice(ryu::Buffer::new().format(f).as_bytes());
         }
     }
 }
 
-fn write_string(out: &mut Vec<u8>, text: &str) {
-    // serde_json's string escaping is canonical (one escape per character).
-    serde_json::to_writer(&mut *out, text).expect("writing to a Vec cannot fail");
+/// Whether a string's `\r\n` and lone `\r` are written as `\n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineEndings {
+    Keep,
+    Unify,
+}
+
+/// A JSON string with exactly serde_json's escaping (one escape per character:
+/// `\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, else `\u00xx`), so keys are
+/// stable across versions. Runs that need no escape are copied whole.
+fn write_string(out: &mut Vec<u8>, text: &str, line_endings: LineEndings) {
+    /// Bytes checked at once for anything to escape; a clean block is one copy.
+    const BLOCK: usize = 16;
+    let needs_escape = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+    let bytes = text.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut copied = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if at + BLOCK <= bytes.len()
+            && !bytes[at..at + BLOCK]
+                .iter()
+                .fold(false, |any, &b| any | needs_escape(b))
+        {
+            at += BLOCK;
+            continue;
+        }
+        let b = bytes[at];
+        if !needs_escape(b) {
+            at += 1;
+            continue;
+        }
+        out.extend_from_slice(&bytes[copied..at]);
+        match b {
+            b'\r' if line_endings == LineEndings::Unify => {
+                // `\r\n` is one line ending: its `\n` is written next.
+                if bytes.get(at + 1) != Some(&b'\n') {
+                    out.extend_from_slice(b"\\n");
+                }
+            }
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+        }
+        at += 1;
+        copied = at;
+    }
+    out.extend_from_slice(&bytes[copied..]);
+    out.push(b'"');
 }
 
 /// `messages` with each message's text content normalized.
@@ -343,45 +428,45 @@ fn write_messages(out: &mut Vec<u8>, messages: &Value, normalization: Normalizat
         write_canonical(out, messages);
         return;
     };
-    let normalized: Vec<Value> = items
-        .iter()
-        .map(|message| match message {
-            Value::Object(fields) => {
-                let mut fields = fields.clone();
-                if let Some(content) = fields.get_mut("content") {
-                    normalize_content(content, normalization);
-                }
-                Value::Object(fields)
-            }
-            other => other.clone(),
+    write_array(out, items, |out, message| match message {
+        Value::Object(fields) => write_object(out, fields, |out, name, value| {
+            write_entry(out, name, |out| match value {
+                _ if name != "content" => write_canonical(out, value),
+                Value::String(text) => write_text(out, text, normalization),
+                Value::Array(parts) => write_array(out, parts, |out, part| {
+                    write_content_part(out, part, normalization)
+                }),
+                other => write_canonical(out, other),
+            })
+        }),
+        other => write_canonical(out, other),
+    });
+}
+
+/// A content part; of any part, the `text` field is message text.
+fn write_content_part(out: &mut Vec<u8>, part: &Value, normalization: Normalization) {
+    let Value::Object(fields) = part else {
+        write_canonical(out, part);
+        return;
+    };
+    write_object(out, fields, |out, name, value| {
+        write_entry(out, name, |out| match value {
+            Value::String(text) if name == "text" => write_text(out, text, normalization),
+            other => write_canonical(out, other),
         })
-        .collect();
-    write_canonical(out, &Value::Array(normalized));
+    });
 }
 
-/// Content is a string, or a list of parts of which `{"type":"text","text":…}` carry text.
-fn normalize_content(content: &mut Value, normalization: Normalization) {
-    match content {
-        Value::String(text) => *text = normalize_text(text, normalization),
-        Value::Array(parts) => {
-            for part in parts {
-                if let Some(Value::String(text)) = part.get_mut("text") {
-                    *text = normalize_text(text, normalization);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Trims surrounding whitespace and unifies line endings (`\r\n`, `\r` -> `\n`).
-pub fn normalize_text(text: &str, normalization: Normalization) -> String {
-    let unified = text.replace("\r\n", "\n").replace('\r', "\n");
-    let trimmed = unified.trim();
+/// Message text as a JSON string: trimmed, line endings unified (`\r\n` and
+/// `\r` become `\n`), folded to lower case when asked. Trimming before
+/// unifying gives the same text (both line-ending characters are white space),
+/// so only case folding needs a copy.
+fn write_text(out: &mut Vec<u8>, text: &str, normalization: Normalization) {
+    let trimmed = text.trim();
     if normalization.case_fold {
-        trimmed.to_lowercase()
+        write_string(out, &trimmed.to_lowercase(), LineEndings::Unify);
     } else {
-        trimmed.to_owned()
+        write_string(out, trimmed, LineEndings::Unify);
     }
 }
 
@@ -389,6 +474,143 @@ pub fn normalize_text(text: &str, normalization: Normalization) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The canonical form as first written: a normalized copy of `messages`,
+    /// then serde_json's own string escaping. The one-pass writer must match
+    /// it byte for byte, or every stored key would change.
+    fn reference_canonical(body: &Map<String, Value>, normalization: Normalization) -> Vec<u8> {
+        fn text(text: &str, normalization: Normalization) -> String {
+            let unified = text.replace("\r\n", "\n").replace('\r', "\n");
+            let trimmed = unified.trim();
+            if normalization.case_fold {
+                trimmed.to_lowercase()
+            } else {
+                trimmed.to_owned()
+            }
+        }
+        fn value(out: &mut Vec<u8>, item: &Value) {
+            match item {
+                Value::String(s) => serde_json::to_writer(&mut *out, s).unwrap(),
+                Value::Array(items) => {
+                    out.push(b'[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        value(out, item);
+                    }
+                    out.push(b']');
+                }
+                Value::Object(map) => {
+                    let mut entries: Vec<_> = map.iter().collect();
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                    out.push(b'{');
+                    for (i, (name, item)) in entries.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        serde_json::to_writer(&mut *out, name).unwrap();
+                        out.push(b':');
+                        value(out, item);
+                    }
+                    out.push(b'}');
+                }
+                other => write_canonical(out, other),
+            }
+        }
+        let mut body = body.clone();
+        body.retain(|name, _| field_role(name) == FieldRole::Keyed);
+        if let Some(Value::Array(messages)) = body.get_mut("messages") {
+            for message in messages {
+                match message.get_mut("content") {
+                    Some(Value::String(s)) => *s = text(s, normalization),
+                    Some(Value::Array(parts)) => {
+                        for part in parts {
+                            if let Some(Value::String(s)) = part.get_mut("text") {
+                                *s = text(s, normalization);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut out = Vec::new();
+        value(&mut out, &Value::Object(body));
+        out
+    }
+
+    /// Text rich in what the writer treats specially: escapes, control
+    /// characters, line endings (`\r\n` pairs included), Unicode white space.
+    fn any_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::{prelude::*, string::string_regex};
+        prop_oneof![
+            string_regex("[ a-zA-Z\r\n\t\"\\\\\u{0}-\u{1f}\u{7f}é\u{2028}\u{3000}😀]{0,40}")
+                .unwrap(),
+            string_regex("(\r\n|\r|\n| |\u{a0}|x|\"|\\\\|é){0,40}").unwrap(),
+        ]
+    }
+
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            any_text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("content".to_owned()),
+                        Just("text".to_owned()),
+                        any_text()
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_one_pass_writer_matches_the_reference_byte_for_byte(
+            extra in any_json(),
+            messages in proptest::collection::vec(any_json(), 0..5),
+            texts in proptest::collection::vec(any_text(), 0..4),
+            case_fold in proptest::bool::ANY,
+        ) {
+            // Messages whose content is a string, parts, or anything at all.
+            let mut messages = messages;
+            for (i, text) in texts.into_iter().enumerate() {
+                messages.push(match i % 2 {
+                    0 => json!({"role": "user", "content": text}),
+                    _ => json!({"role": "user", "content": [{"type": "text", "text": text}, {"text": 1}]}),
+                });
+            }
+            let body = json!({"model": "m", "user": "u", "stream": true, "extra": extra, "messages": messages});
+            let body = body.as_object().unwrap();
+            let normalization = Normalization { case_fold };
+            proptest::prop_assert_eq!(
+                String::from_utf8(canonical_body(body, normalization)).unwrap(),
+                String::from_utf8(reference_canonical(body, normalization)).unwrap()
+            );
+        }
+
+        #[test]
+        fn strings_are_escaped_exactly_as_serde_json_does(text in any_text()) {
+            let mut ours = Vec::new();
+            write_string(&mut ours, &text, LineEndings::Keep);
+            proptest::prop_assert_eq!(ours, serde_json::to_vec(&text).unwrap());
+        }
+    }
 
     fn canonical(value: Value) -> String {
         String::from_utf8(canonical_body(
