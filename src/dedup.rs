@@ -12,7 +12,6 @@ use axum::{
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::Value;
-use tracing::Instrument;
 
 use crate::{
     cache::{StoredResponse, Usage},
@@ -52,13 +51,6 @@ pub async fn serve(
     )?;
     let fingerprint = request.fingerprint;
     let model = app.metrics.model(&request.model);
-    let span = tracing::info_span!(
-        "dedup",
-        endpoint = endpoint.label(),
-        fingerprint = %&fingerprint.hex()[..12],
-        upstream = %app.upstream_names[request.upstream],
-        cache = tracing::field::Empty,
-    );
     let outbound = Outbound {
         upstream: request.upstream,
         method: Method::POST,
@@ -70,7 +62,6 @@ pub async fn serve(
     };
 
     if request.policy.bypass {
-        span.record("cache", CacheStatus::Bypass.as_str());
         let mut response = async {
             if request.stream {
                 stream_through(&app, &outbound, &model).await
@@ -81,7 +72,6 @@ pub async fn serve(
                 Ok(response_from(&shared))
             }
         }
-        .instrument(span.clone())
         .await?;
         set_status_headers(
             response.headers_mut(),
@@ -97,14 +87,13 @@ pub async fn serve(
         fingerprint,
     };
     if request.stream {
-        return serve_stream(app, request, outbound, key, span).await;
+        return serve_stream(app, request, outbound, key).await;
     }
 
     let loader = upstream_loader(app.clone(), outbound, endpoint, model.clone());
     let served = app
         .coalescer
         .get_or_fetch(key, request.policy, loader)
-        .instrument(span.clone())
         .await;
     match served {
         Ok(Served {
@@ -113,8 +102,7 @@ pub async fn serve(
             stored,
             age,
         }) => {
-            span.record("cache", status.as_str());
-            tracing::debug!(parent: &span, "served");
+            tracing::debug!(cache = status.as_str(), fingerprint = %fingerprint.short_hex(), "served");
             app.metrics.served(&model, status, shared.usage);
             let mut response = response_from(&shared);
             set_status_headers(response.headers_mut(), &request, status, stored, age);
@@ -139,7 +127,6 @@ async fn serve_stream(
     request: DedupRequest,
     mut outbound: Outbound,
     key: CacheKey,
-    span: tracing::Span,
 ) -> Result<Response, GatewayError> {
     let body: serde_json::Map<String, Value> = serde_json::from_slice(&request.raw_body)
         .map_err(|err| GatewayError::invalid(err.to_string()))?;
@@ -153,7 +140,6 @@ async fn serve_stream(
     let answer = app
         .coalescer
         .answer(key, request.policy, loader, true)
-        .instrument(span.clone())
         .await;
     // A follower of a live stream: its saving is counted once it has been served.
     let mut live_saving = None;
@@ -196,7 +182,7 @@ async fn serve_stream(
             return Ok(response);
         }
     };
-    span.record("cache", status.as_str());
+    tracing::debug!(cache = status.as_str(), fingerprint = %request.fingerprint.short_hex(), "served");
     let events =
         reader
             .into_stream()
@@ -417,18 +403,20 @@ fn set_status_headers(
         HeaderName::from_static(CACHE_HEADER),
         HeaderValue::from_static(status.as_str()),
     );
-    let stored = if stored { "; stored" } else { "" };
-    let cache_status = match status {
-        CacheStatus::Hit => "corral; hit".to_owned(),
-        CacheStatus::Stale => "corral; hit; fwd=stale".to_owned(),
-        CacheStatus::Miss if request.policy.revalidate => format!("corral; fwd=request{stored}"),
-        CacheStatus::Miss => format!("corral; fwd=miss{stored}"),
-        CacheStatus::Coalesced => format!("corral; fwd=miss; collapsed{stored}"),
-        CacheStatus::Bypass => "corral; fwd=bypass".to_owned(),
+    let cache_status = match (status, stored) {
+        (CacheStatus::Hit, _) => "corral; hit",
+        (CacheStatus::Stale, _) => "corral; hit; fwd=stale",
+        (CacheStatus::Miss, true) if request.policy.revalidate => "corral; fwd=request; stored",
+        (CacheStatus::Miss, false) if request.policy.revalidate => "corral; fwd=request",
+        (CacheStatus::Miss, true) => "corral; fwd=miss; stored",
+        (CacheStatus::Miss, false) => "corral; fwd=miss",
+        (CacheStatus::Coalesced, true) => "corral; fwd=miss; collapsed; stored",
+        (CacheStatus::Coalesced, false) => "corral; fwd=miss; collapsed",
+        (CacheStatus::Bypass, _) => "corral; fwd=bypass",
     };
     headers.insert(
         HeaderName::from_static("cache-status"),
-        header_value(&cache_status),
+        HeaderValue::from_static(cache_status),
     );
     if let Some(age) = age {
         headers.insert(header::AGE, HeaderValue::from(age.as_secs()));

@@ -61,18 +61,24 @@ impl TenantScope {
     /// fingerprints), which anyone holding a guessed key can recompute.
     pub fn of_credential(key: Option<&TenantKey>, credential: Option<&[u8]>) -> Self {
         match (key, credential) {
-            (Some(key), Some(token)) => {
-                Self(format!("k{}", &hex::encode(key.mac(token))[..32]).into())
-            }
+            (Some(key), Some(token)) => Self::tagged(b'k', &key.mac(token)),
             (None, Some(token)) => {
                 let digest = Sha256::new()
                     .chain_update(b"corral-tenant-v1\0")
                     .chain_update(token)
                     .finalize();
-                Self(format!("t{}", &hex::encode(digest)[..32]).into())
+                Self::tagged(b't', &digest)
             }
             (_, None) => Self("anonymous".into()),
         }
+    }
+
+    /// `tag` and the first 16 bytes of `digest` in hex (every request pays for it).
+    fn tagged(tag: u8, digest: &[u8]) -> Self {
+        let mut text = [0u8; 33];
+        text[0] = tag;
+        hex::encode_to_slice(&digest[..16], &mut text[1..]).expect("32 hex digits for 16 bytes");
+        Self(String::from_utf8_lossy(&text).into())
     }
 
     pub fn global() -> Self {
@@ -143,7 +149,15 @@ impl Fingerprint {
     }
 
     pub fn hex(&self) -> String {
-        hex::encode(self.0)
+        let mut text = [0u8; 64];
+        hex::encode_to_slice(self.0, &mut text).expect("64 hex digits for 32 bytes");
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    /// The first 12 hex digits: enough to find a request's siblings in logs,
+    /// too few to matter as a key.
+    pub fn short_hex(&self) -> String {
+        hex::encode(&self.0[..6])
     }
 
     /// Parses the hex form (as announced over pub/sub).

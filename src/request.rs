@@ -38,12 +38,16 @@ impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
 }
 
 /// Request headers that can change the provider's answer: keyed and forwarded.
-pub const KEYED_HEADERS: &[&str] = &["openai-beta", "openai-organization", "openai-project"];
+pub const KEYED_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("openai-beta"),
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
+];
 
 /// Request headers forwarded without being keyed, because they cannot change the
 /// answer. Every other header is dropped: an input that is neither keyed nor
 /// stripped would let one caller poison another's cache entry.
-pub const FORWARDED_HEADERS: &[&str] = &["accept"];
+pub const FORWARDED_HEADERS: [HeaderName; 1] = [header::ACCEPT];
 
 /// What a request may do with the cache, from `Cache-Control` and the sampling policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,12 +130,7 @@ impl DedupRequest {
     ) -> Result<Self, GatewayError> {
         let rules = rules.into();
         let cache = rules.cache;
-        validate::check_structure(&raw_body, rules.limits)?;
-        let body: Value = serde_json::from_slice(&raw_body).map_err(|err| {
-            GatewayError::invalid(format!(
-                "We could not parse the JSON body of your request: {err}"
-            ))
-        })?;
+        let body = validate::parse_json(&raw_body, rules.limits)?;
         let Value::Object(body) = body else {
             return Err(GatewayError::invalid(
                 "the request body must be a JSON object",
@@ -170,17 +169,17 @@ impl DedupRequest {
         let mut keyed_headers = Vec::new();
         let mut forward_headers = Vec::new();
         for name in KEYED_HEADERS {
-            for value in headers.get_all(*name) {
+            for value in headers.get_all(&name) {
                 let text = value.to_str().map_err(|_| {
                     GatewayError::invalid(format!("header {name} must be visible ASCII"))
                 })?;
-                keyed_headers.push(((*name).to_owned(), text.to_owned()));
-                forward_headers.push((HeaderName::from_static(name), value.clone()));
+                keyed_headers.push((name.as_str().to_owned(), text.to_owned()));
+                forward_headers.push((name.clone(), value.clone()));
             }
         }
         for name in FORWARDED_HEADERS {
-            if let Some(value) = headers.get(*name) {
-                forward_headers.push((HeaderName::from_static(name), value.clone()));
+            if let Some(value) = headers.get(&name) {
+                forward_headers.push((name, value.clone()));
             }
         }
         let query_pairs = sorted_query_pairs(query);

@@ -1,5 +1,6 @@
-//! Input limits a request body must pass before anything else reads it: JSON
-//! nesting depth, duplicate object keys, the number of messages, and the types
+//! The parse of a request body and the input limits it must pass before
+//! anything else reads it: JSON nesting depth and duplicate object keys (checked
+//! while parsing, in the same pass), the number of messages, and the types
 //! of the fields corral and the provider interpret. Each failure is a clear
 //! 400 naming the problem (and the field, where there is one); nothing goes
 //! upstream and nothing is cached.
@@ -7,9 +8,7 @@
 //! Duplicate keys matter beyond tidiness: `serde_json` keeps the last value,
 //! a provider may keep the first, and then the fingerprint would describe a
 //! request other than the one answered. Invalid UTF-8 and numbers out of range
-//! (`1e999999`) are refused by `serde_json` itself, before this module runs.
-
-use std::collections::HashSet;
+//! (`1e999999`) are refused by `serde_json`'s parser, which this module drives.
 
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -32,23 +31,30 @@ impl From<&LimitsConfig> for InputLimits {
     }
 }
 
-/// Walks the raw JSON once, without building it: depth and duplicate keys.
-/// Syntax errors are left to the real parse, which reports them better.
-pub fn check_structure(raw: &[u8], limits: InputLimits) -> Result<(), GatewayError> {
+/// Parses the body in one pass, refusing on the way what serde_json would let
+/// through: nesting deeper than `max_json_depth` and a key twice in one object
+/// (serde_json keeps the last). Those are data errors with their own message;
+/// malformed JSON (syntax, end of input, trailing bytes) gets the parser's.
+pub fn parse_json(raw: &[u8], limits: InputLimits) -> Result<Value, GatewayError> {
     let mut deserializer = serde_json::Deserializer::from_slice(raw);
-    match (Walk {
+    let parsed = (Walk {
         depth: 0,
         max_depth: limits.max_json_depth,
     })
     .deserialize(&mut deserializer)
-    {
-        Ok(()) => Ok(()),
-        Err(err) if err.is_data() => Err(GatewayError::invalid(err.to_string())),
-        // Syntax, EOF or I/O: the parse that follows says what is wrong.
-        Err(_) => Ok(()),
-    }
+    .and_then(|value| deserializer.end().map(|()| value));
+    parsed.map_err(|err| {
+        if err.is_data() {
+            GatewayError::invalid(err.to_string())
+        } else {
+            GatewayError::invalid(format!(
+                "We could not parse the JSON body of your request: {err}"
+            ))
+        }
+    })
 }
 
+/// Builds a `Value` as serde_json's own visitor does, one nesting level at a time.
 struct Walk {
     depth: usize,
     max_depth: usize,
@@ -70,80 +76,76 @@ impl Walk {
 }
 
 impl<'de> DeserializeSeed<'de> for Walk {
-    type Value = ();
+    type Value = Value;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Walk {
-    type Value = ();
+    type Value = Value;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
+    fn visit_bool<E>(self, value: bool) -> Result<Value, E> {
+        Ok(Value::Bool(value))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
+    fn visit_i64<E>(self, value: i64) -> Result<Value, E> {
+        Ok(Value::from(value))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
+    fn visit_u64<E>(self, value: u64) -> Result<Value, E> {
+        Ok(Value::from(value))
     }
-    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<(), E> {
-        if value.is_finite() {
-            Ok(())
-        } else {
-            Err(E::custom("a number in the request body is out of range"))
+    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(value)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("a number in the request body is out of range"))
+    }
+    fn visit_str<E>(self, value: &str) -> Result<Value, E> {
+        Ok(Value::String(value.to_owned()))
+    }
+    fn visit_string<E>(self, value: String) -> Result<Value, E> {
+        Ok(Value::String(value))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = self.deeper()?;
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(item) = seq.next_element_seed(Walk {
+            depth: inner.depth,
+            max_depth: inner.max_depth,
+        })? {
+            items.push(item);
         }
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_borrowed_str<E>(self, _: &'de str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_string<E>(self, _: String) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_none<E>(self) -> Result<(), E> {
-        Ok(())
+        Ok(Value::Array(items))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let inner = self.deeper()?;
-        while seq
-            .next_element_seed(Walk {
-                depth: inner.depth,
-                max_depth: inner.max_depth,
-            })?
-            .is_some()
-        {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let inner = self.deeper()?;
-        let mut seen = HashSet::new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if !seen.insert(key.clone().into_owned()) {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
                 return Err(A::Error::custom(format!(
                     "the request body has the key `{}` twice in one object",
                     shorten(&key)
                 )));
             }
-            map.next_value_seed(Walk {
+            let value = map.next_value_seed(Walk {
                 depth: inner.depth,
                 max_depth: inner.max_depth,
             })?;
+            object.insert(key, value);
         }
-        Ok(())
+        Ok(Value::Object(object))
     }
 }
 
@@ -278,21 +280,55 @@ mod tests {
         max_messages: 3,
     };
 
-    fn message(result: Result<(), GatewayError>) -> String {
+    fn message<T: std::fmt::Debug>(result: Result<T, GatewayError>) -> String {
         result.unwrap_err().to_string()
     }
 
     #[test]
     fn depth_and_duplicate_keys_are_refused() {
-        assert!(check_structure(br#"{"a":[[[1]]]}"#, LIMITS).is_ok());
+        assert!(parse_json(br#"{"a":[[[1]]]}"#, LIMITS).is_ok());
         let deep = format!("{}{}", "[".repeat(9), "]".repeat(9));
-        assert!(message(check_structure(deep.as_bytes(), LIMITS)).contains("deeper than 8"));
+        assert!(message(parse_json(deep.as_bytes(), LIMITS)).contains("deeper than 8"));
         let twice = br#"{"model":"a","messages":[{"role":"user","role":"system"}]}"#;
-        assert!(message(check_structure(twice, LIMITS)).contains("`role` twice"));
+        assert!(message(parse_json(twice, LIMITS)).contains("`role` twice"));
         // Escaped spellings of one key are one key.
-        assert!(check_structure(br#"{"a":1,"\u0061":2}"#, LIMITS).is_err());
-        // Syntax errors are the parser's to report.
-        assert!(check_structure(b"{not json", LIMITS).is_ok());
+        assert!(message(parse_json(br#"{"a":1,"\u0061":2}"#, LIMITS)).contains("`a` twice"));
+        // Malformed JSON gets the parser's message, trailing bytes included.
+        for bad in [&b"{not json"[..], b"{} {}", b"[1,]", b""] {
+            assert!(
+                message(parse_json(bad, LIMITS)).contains("could not parse"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    proptest! {
+        /// What passes the checks is exactly what serde_json would have built.
+        #[test]
+        fn the_parse_is_serde_jsons_own(value in any_json()) {
+            let raw = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(parse_json(&raw, InputLimits { max_json_depth: 64, max_messages: 0 }).unwrap(), value);
+        }
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|map| Value::Object(map.into_iter().collect())),
+            ]
+        })
     }
 
     #[test]
@@ -325,7 +361,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = check_structure(&bytes, LIMITS);
+            let _ = parse_json(&bytes, LIMITS);
         }
     }
 }

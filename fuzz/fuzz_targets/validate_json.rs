@@ -3,15 +3,13 @@
 
 use corral::{
     fingerprint::Endpoint,
-    validate::{InputLimits, check_fields, check_structure},
+    validate::{InputLimits, check_fields, parse_json},
 };
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let limits = InputLimits { max_json_depth: 16, max_messages: 8 };
-    if check_structure(data, limits).is_ok()
-        && let Ok(serde_json::Value::Object(body)) = serde_json::from_slice(data)
-    {
+    if let Ok(serde_json::Value::Object(body)) = parse_json(data, limits) {
         let _ = check_fields(Endpoint::ChatCompletions, &body, limits);
     }
 });

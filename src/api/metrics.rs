@@ -83,7 +83,9 @@ pub async fn track(State(app): State<Arc<AppState>>, request: Request, next: Nex
     let id = request_id(&request);
     let id_text = id.to_str().unwrap_or_default().to_owned();
     let endpoint = endpoint_of(request.uri().path());
-    // The path only: a query string may carry anything.
+    // The path only: a query string may carry anything. The request's cache
+    // status and fingerprint are on its summary line, and a flight's logs
+    // carry its fingerprint: one span is all the hit path pays for.
     let span = tracing::info_span!(
         "request",
         request_id = %id_text,

@@ -55,11 +55,11 @@ pub async fn passthrough(
     };
     let forwarded = PROXIED_REQUEST_HEADERS
         .iter()
+        .map(|name| HeaderName::from_static(name))
         .chain(KEYED_HEADERS)
         .filter_map(|name| {
-            headers
-                .get(*name)
-                .map(|value| (HeaderName::from_static(name), value.clone()))
+            let value = headers.get(&name)?.clone();
+            Some((name, value))
         })
         .collect();
     let outbound = Outbound {

@@ -37,8 +37,9 @@ use super::{
 };
 
 /// Every scenario, in the order the suite runs them.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "hit",
+    "hit-inproc",
     "miss",
     "stampede",
     "stampede-redis",
@@ -236,6 +237,14 @@ struct Bench {
     corral_hit: Option<LoadReport>,
 }
 
+/// One criterion benchmark's mean time per iteration, and the bytes one
+/// iteration processes when it declared a throughput.
+#[derive(Debug, Clone, Copy)]
+struct CriterionMean {
+    ns: f64,
+    bytes: Option<f64>,
+}
+
 /// Runs the suite and writes its report; returns it as well.
 pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let started_at = SystemTime::now();
@@ -291,6 +300,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
             "stampede-redis" => bench.stampede_redis().await,
             "stream" => bench.stream().await,
             "zipf" => bench.zipf().await,
+            "hit-inproc" => bench.hit_in_process(),
             "fingerprint" => bench.fingerprint(),
             "peer-litellm" => bench.peer_litellm().await,
             other => unreachable!("scenario {other} is listed but not wired"),
@@ -983,53 +993,18 @@ impl Bench {
     /// Reads criterion's estimates (bench/run runs `cargo bench --bench fingerprint` first).
     fn fingerprint(&mut self) -> anyhow::Result<ScenarioResult> {
         let name = "fingerprint";
-        let group = self.options.criterion_dir.join("fingerprint");
-        if !group.is_dir() {
+        let Some(means) = self.criterion_group(name)? else {
             return Ok(ScenarioResult::not_available(
                 name,
-                format!(
-                    "no criterion results in {} (run `cargo bench --bench fingerprint`; bench/run does)",
-                    group.display()
-                ),
+                "no criterion results (run `cargo bench --bench fingerprint`; bench/run does)",
             ));
-        }
+        };
         let mut result = ScenarioResult::new(name);
         // MB/s by (function, size).
-        let mut rates: BTreeMap<(String, String), f64> = BTreeMap::new();
-        for function in std::fs::read_dir(&group)? {
-            let function = function?.path();
-            if !function.is_dir() || function.file_name().is_some_and(|n| n == "report") {
-                continue;
-            }
-            for size in std::fs::read_dir(&function)? {
-                let size = size?.path();
-                let estimates = size.join("new/estimates.json");
-                let benchmark = size.join("new/benchmark.json");
-                let (Ok(estimates), Ok(benchmark)) = (
-                    std::fs::read_to_string(&estimates),
-                    std::fs::read_to_string(&benchmark),
-                ) else {
-                    continue;
-                };
-                let estimates: Value = serde_json::from_str(&estimates)?;
-                let benchmark: Value = serde_json::from_str(&benchmark)?;
-                let (Some(ns), Some(bytes)) = (
-                    estimates["mean"]["point_estimate"].as_f64(),
-                    benchmark["throughput"]["Bytes"].as_f64(),
-                ) else {
-                    continue;
-                };
-                let function_name = benchmark["function_id"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                let size_name = benchmark["value_str"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                rates.insert((function_name, size_name), bytes / ns * 1e9 / 1e6);
-            }
-        }
+        let rates: BTreeMap<(String, String), f64> = means
+            .into_iter()
+            .filter_map(|(id, mean)| Some((id, mean.bytes? / mean.ns * 1e9 / 1e6)))
+            .collect();
         if rates.is_empty() {
             return Ok(ScenarioResult::not_available(
                 name,
@@ -1081,6 +1056,76 @@ impl Bench {
             ),
         );
         Ok(result)
+    }
+
+    /// The hit path in process (`benches/hit_path.rs`): corral's router with
+    /// the shipped config against a router returning the same bytes, no
+    /// sockets. What corral itself adds per cached request, without the
+    /// kernel's share and the loopback's noise.
+    fn hit_in_process(&mut self) -> anyhow::Result<ScenarioResult> {
+        let name = "hit-inproc";
+        let means = self.criterion_group("hit_path")?.unwrap_or_default();
+        let mean = |function: &str| {
+            means
+                .get(&(function.to_owned(), String::new()))
+                .map(|mean| mean.ns / 1000.0)
+        };
+        let (Some(corral), Some(same_bytes)) = (mean("corral_router"), mean("same_bytes_router"))
+        else {
+            return Ok(ScenarioResult::not_available(
+                name,
+                "no criterion results (run `cargo bench --bench hit_path`; bench/run does)",
+            ));
+        };
+        let mut result = ScenarioResult::new(name);
+        result.figure("corral router, per cached request", corral, "µs");
+        result.figure("same-bytes router, per request", same_bytes, "µs");
+        result.figure("corral's own work per hit", corral - same_bytes, "µs");
+        result.figure("corral / same-bytes router", corral / same_bytes, "ratio");
+        Ok(result)
+    }
+
+    /// Criterion's mean time per iteration of every benchmark in `group`
+    /// (under `--criterion-dir`), by (function, parameter); `None` when the
+    /// group has not been run.
+    fn criterion_group(
+        &self,
+        group: &str,
+    ) -> anyhow::Result<Option<BTreeMap<(String, String), CriterionMean>>> {
+        let dir = self.options.criterion_dir.join(group);
+        if !dir.is_dir() {
+            return Ok(None);
+        }
+        let mut means = BTreeMap::new();
+        let mut pending = vec![dir];
+        while let Some(dir) = pending.pop() {
+            let (Ok(estimates), Ok(benchmark)) = (
+                std::fs::read_to_string(dir.join("new/estimates.json")),
+                std::fs::read_to_string(dir.join("new/benchmark.json")),
+            ) else {
+                for entry in std::fs::read_dir(&dir)? {
+                    let path = entry?.path();
+                    if path.is_dir() && path.file_name().is_some_and(|n| n != "report") {
+                        pending.push(path);
+                    }
+                }
+                continue;
+            };
+            let estimates: Value = serde_json::from_str(&estimates)?;
+            let benchmark: Value = serde_json::from_str(&benchmark)?;
+            let Some(ns) = estimates["mean"]["point_estimate"].as_f64() else {
+                continue;
+            };
+            let text = |field: &str| benchmark[field].as_str().unwrap_or_default().to_owned();
+            means.insert(
+                (text("function_id"), text("value_str")),
+                CriterionMean {
+                    ns,
+                    bytes: benchmark["throughput"]["Bytes"].as_f64(),
+                },
+            );
+        }
+        Ok(Some(means))
     }
 
     /// LiteLLM's proxy with its Redis cache, in front of the same mock:

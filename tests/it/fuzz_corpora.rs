@@ -14,7 +14,7 @@ use corral::{
         CacheKey, Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body,
     },
     sse::{StreamLog, relay},
-    validate::{InputLimits, check_fields, check_structure},
+    validate::{InputLimits, check_fields, parse_json},
 };
 use proptest::prelude::*;
 use serde_json::{Map, Value};
@@ -41,9 +41,7 @@ mod target {
             max_json_depth: 16,
             max_messages: 8,
         };
-        if check_structure(data, limits).is_ok()
-            && let Ok(Value::Object(body)) = serde_json::from_slice(data)
-        {
+        if let Ok(Value::Object(body)) = parse_json(data, limits) {
             let _ = check_fields(Endpoint::ChatCompletions, &body, limits);
         }
     }
