@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use axum::{
-    extract::{RawQuery, State, rejection::BytesRejection},
-    http::HeaderMap,
+    extract::{FromRequest, Request, State},
     response::Response,
 };
 use bytes::Bytes;
@@ -15,30 +14,36 @@ use crate::{dedup, error::GatewayError, fingerprint::Endpoint, state::AppState};
 
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, GatewayError> {
-    let body = read_body(body, app.config.limits.max_body_bytes)?;
-    dedup::serve(app, Endpoint::ChatCompletions, headers, query, body).await
+    serve(app, Endpoint::ChatCompletions, request).await
 }
 
 pub async fn completions(
     State(app): State<Arc<AppState>>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, GatewayError> {
-    let body = read_body(body, app.config.limits.max_body_bytes)?;
-    dedup::serve(app, Endpoint::Completions, headers, query, body).await
+    serve(app, Endpoint::Completions, request).await
 }
 
 pub async fn embeddings(
     State(app): State<Arc<AppState>>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, GatewayError> {
+    serve(app, Endpoint::Embeddings, request).await
+}
+
+/// Takes the headers out of the request by value (an extractor would copy
+/// them, once per request), then reads the body as the `Bytes` extractor does.
+async fn serve(
+    app: Arc<AppState>,
+    endpoint: Endpoint,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    let (mut parts, body) = request.into_parts();
+    let headers = std::mem::take(&mut parts.headers);
+    let query = parts.uri.query().map(str::to_owned);
+    let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
     let body = read_body(body, app.config.limits.max_body_bytes)?;
-    dedup::serve(app, Endpoint::Embeddings, headers, query, body).await
+    dedup::serve(app, endpoint, headers, query, body).await
 }

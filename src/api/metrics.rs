@@ -63,8 +63,10 @@ fn request_id(request: &Request) -> HeaderValue {
         })
         .cloned()
         .unwrap_or_else(|| {
-            let id = format!("{:032x}", rand::random::<u128>());
-            HeaderValue::from_str(&id).expect("hex is a valid header value")
+            let mut id = [0u8; 32];
+            hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut id)
+                .expect("32 hex digits for 16 bytes");
+            HeaderValue::from_bytes(&id).expect("hex is a valid header value")
         })
 }
 
@@ -81,14 +83,13 @@ fn endpoint_of(path: &str) -> Option<Endpoint> {
 pub async fn track(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = request_id(&request);
-    let id_text = id.to_str().unwrap_or_default().to_owned();
     let endpoint = endpoint_of(request.uri().path());
     // The path only: a query string may carry anything. The request's cache
     // status and fingerprint are on its summary line, and a flight's logs
     // carry its fingerprint: one span is all the hit path pays for.
     let span = tracing::info_span!(
         "request",
-        request_id = %id_text,
+        request_id = %id.to_str().unwrap_or_default(),
         method = %request.method(),
         path = %request.uri().path(),
     );

@@ -216,23 +216,69 @@ impl MetricsDelta {
     }
 }
 
-/// User plus system CPU time of a process, from `/proc/PID/stat`.
+/// User plus system CPU time of a process and its live descendants (a
+/// server with worker processes, as uvicorn's), from `/proc/PID/stat`.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is parenthesized and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    // USER_HZ is 100 on every Linux architecture corral targets.
-    Some(Duration::from_millis((utime + stime) * 10))
+    let own = stat_fields(pid)?;
+    let ticks = |fields: &[String]| -> u64 {
+        // utime and stime; USER_HZ is 100 on every Linux architecture corral targets.
+        [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+            .sum()
+    };
+    let total = ticks(&own)
+        + descendants(pid)
+            .into_iter()
+            .filter_map(stat_fields)
+            .map(|fields| ticks(&fields))
+            .sum::<u64>();
+    Some(Duration::from_millis(total * 10))
 }
 
-/// Resident set size of a process in bytes, from `/proc/PID/status`.
+/// Resident set size of a process and its live descendants in bytes, from
+/// `/proc/PID/status` (pages the processes share are counted once each).
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    let rss = |pid: u32| -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    Some(rss(pid)? + descendants(pid).into_iter().filter_map(rss).sum::<u64>())
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which is
+/// parenthesized and may hold spaces): state is 0, ppid 1, utime 11, stime 12.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Every live process below `pid`, from the parent links in `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|child| Some((child, stat_fields(child)?.get(1)?.parse().ok()?)))
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(child, _) in parents.iter().filter(|(_, p)| *p == parent) {
+            found.push(child);
+            frontier.push(child);
+        }
+    }
+    found
 }
 
 #[cfg(test)]
@@ -275,5 +321,14 @@ mod tests {
         let me = std::process::id();
         assert!(rss_bytes(me).unwrap() > 0);
         assert!(cpu_time(me).is_some());
+        // A child is counted with its parent.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(descendants(me).contains(&child.id()));
+        assert!(rss_bytes(me).unwrap() > rss_bytes(child.id()).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

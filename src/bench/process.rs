@@ -31,29 +31,12 @@ impl Service {
     /// to `deadline` for a line on which `ready` returns `Some`.
     pub async fn spawn(
         name: &str,
-        mut command: Command,
+        command: Command,
         log: &Path,
         deadline: Duration,
         ready: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Self> {
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("starting {name} ({command:?})"))?;
-        let file =
-            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let file = Arc::new(Mutex::new(file));
-        let (lines_tx, mut lines) = mpsc::unbounded_channel();
-        if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(copy_lines(stdout, file.clone(), lines_tx.clone()));
-        }
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(copy_lines(stderr, file.clone(), lines_tx));
-        }
+        let (mut child, mut lines) = start(name, command, log)?;
         let found = tokio::time::timeout(deadline, async {
             while let Some(line) = lines.recv().await {
                 if let Some(found) = ready(&line) {
@@ -70,16 +53,61 @@ impl Service {
                 log: log.to_owned(),
                 child,
             }),
-            Ok(None) => {
-                let status = child.wait().await.ok();
-                bail!(
-                    "{name} exited before it was ready ({}); see {}",
-                    status.map_or("unknown status".into(), |s| s.to_string()),
-                    log.display()
-                )
-            }
+            Ok(None) => bail!("{}", exited_early(name, &mut child, log).await),
             Err(_) => bail!(
                 "{name} printed no ready line within {deadline:?}; see {}",
+                log.display()
+            ),
+        }
+    }
+
+    /// As [`Service::spawn`], for a program whose ready line depends on its
+    /// log level (LiteLLM's uvicorn says nothing at `ERROR`): ready when
+    /// `base_url` + `health_path` answers 2xx, probed every 250 ms until
+    /// `deadline`. `ready` is then `base_url`.
+    pub async fn spawn_until_healthy(
+        name: &str,
+        command: Command,
+        log: &Path,
+        deadline: Duration,
+        base_url: String,
+        health_path: &str,
+    ) -> anyhow::Result<Self> {
+        const PROBE_EVERY: Duration = Duration::from_millis(250);
+        let (mut child, mut lines) = start(name, command, log)?;
+        let client = reqwest::Client::builder()
+            .timeout(PROBE_EVERY * 4)
+            .no_proxy()
+            .build()?;
+        let health = format!("{base_url}{health_path}");
+        let ready = tokio::time::timeout(deadline, async {
+            let mut probes = tokio::time::interval(PROBE_EVERY);
+            loop {
+                tokio::select! {
+                    line = lines.recv() => if line.is_none() {
+                        // Both output streams closed: the process is gone.
+                        return false;
+                    },
+                    _ = probes.tick() => {
+                        let answered = client.get(&health).send().await;
+                        if answered.is_ok_and(|response| response.status().is_success()) {
+                            return true;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+        match ready {
+            Ok(true) => Ok(Self {
+                name: name.to_owned(),
+                ready: base_url,
+                log: log.to_owned(),
+                child,
+            }),
+            Ok(false) => bail!("{}", exited_early(name, &mut child, log).await),
+            Err(_) => bail!(
+                "{name} did not answer {health} within {deadline:?}; see {}",
                 log.display()
             ),
         }
@@ -93,6 +121,43 @@ impl Service {
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Spawns `command` (killed on drop) with its stdout and stderr copied to
+/// `log`; the receiver yields every line and ends when both streams close.
+fn start(
+    name: &str,
+    mut command: Command,
+    log: &Path,
+) -> anyhow::Result<(Child, mpsc::UnboundedReceiver<String>)> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {name} ({command:?})"))?;
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let file = Arc::new(Mutex::new(file));
+    let (lines_tx, lines) = mpsc::unbounded_channel();
+    if let Some(stdout) = child.stdout.take() {
+        tokio::spawn(copy_lines(stdout, file.clone(), lines_tx.clone()));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(copy_lines(stderr, file.clone(), lines_tx));
+    }
+    Ok((child, lines))
+}
+
+/// Why a child that closed its output before it was ready is gone.
+async fn exited_early(name: &str, child: &mut Child, log: &Path) -> String {
+    let status = child.wait().await.ok();
+    format!(
+        "{name} exited before it was ready ({}); see {}",
+        status.map_or("unknown status".into(), |s| s.to_string()),
+        log.display()
+    )
 }
 
 /// Copies every line to the log; forwards lines until nobody listens.

@@ -245,6 +245,47 @@ struct CriterionMean {
     bytes: Option<f64>,
 }
 
+/// Criterion's mean time per iteration of every benchmark under `dir` (one
+/// group of `target/criterion`), by (function, parameter; empty without one);
+/// `None` when the group has not been run.
+fn criterion_means(
+    dir: &Path,
+) -> anyhow::Result<Option<BTreeMap<(String, String), CriterionMean>>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let mut means = BTreeMap::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let (Ok(estimates), Ok(benchmark)) = (
+            std::fs::read_to_string(dir.join("new/estimates.json")),
+            std::fs::read_to_string(dir.join("new/benchmark.json")),
+        ) else {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() && path.file_name().is_some_and(|n| n != "report") {
+                    pending.push(path);
+                }
+            }
+            continue;
+        };
+        let estimates: Value = serde_json::from_str(&estimates)?;
+        let benchmark: Value = serde_json::from_str(&benchmark)?;
+        let Some(ns) = estimates["mean"]["point_estimate"].as_f64() else {
+            continue;
+        };
+        let text = |field: &str| benchmark[field].as_str().unwrap_or_default().to_owned();
+        means.insert(
+            (text("function_id"), text("value_str")),
+            CriterionMean {
+                ns,
+                bytes: benchmark["throughput"]["Bytes"].as_f64(),
+            },
+        );
+    }
+    Ok(Some(means))
+}
+
 /// Runs the suite and writes its report; returns it as well.
 pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
     let started_at = SystemTime::now();
@@ -993,7 +1034,7 @@ impl Bench {
     /// Reads criterion's estimates (bench/run runs `cargo bench --bench fingerprint` first).
     fn fingerprint(&mut self) -> anyhow::Result<ScenarioResult> {
         let name = "fingerprint";
-        let Some(means) = self.criterion_group(name)? else {
+        let Some(means) = criterion_means(&self.options.criterion_dir.join(name))? else {
             return Ok(ScenarioResult::not_available(
                 name,
                 "no criterion results (run `cargo bench --bench fingerprint`; bench/run does)",
@@ -1064,7 +1105,8 @@ impl Bench {
     /// kernel's share and the loopback's noise.
     fn hit_in_process(&mut self) -> anyhow::Result<ScenarioResult> {
         let name = "hit-inproc";
-        let means = self.criterion_group("hit_path")?.unwrap_or_default();
+        let means =
+            criterion_means(&self.options.criterion_dir.join("hit_path"))?.unwrap_or_default();
         let mean = |function: &str| {
             means
                 .get(&(function.to_owned(), String::new()))
@@ -1083,49 +1125,6 @@ impl Bench {
         result.figure("corral's own work per hit", corral - same_bytes, "µs");
         result.figure("corral / same-bytes router", corral / same_bytes, "ratio");
         Ok(result)
-    }
-
-    /// Criterion's mean time per iteration of every benchmark in `group`
-    /// (under `--criterion-dir`), by (function, parameter); `None` when the
-    /// group has not been run.
-    fn criterion_group(
-        &self,
-        group: &str,
-    ) -> anyhow::Result<Option<BTreeMap<(String, String), CriterionMean>>> {
-        let dir = self.options.criterion_dir.join(group);
-        if !dir.is_dir() {
-            return Ok(None);
-        }
-        let mut means = BTreeMap::new();
-        let mut pending = vec![dir];
-        while let Some(dir) = pending.pop() {
-            let (Ok(estimates), Ok(benchmark)) = (
-                std::fs::read_to_string(dir.join("new/estimates.json")),
-                std::fs::read_to_string(dir.join("new/benchmark.json")),
-            ) else {
-                for entry in std::fs::read_dir(&dir)? {
-                    let path = entry?.path();
-                    if path.is_dir() && path.file_name().is_some_and(|n| n != "report") {
-                        pending.push(path);
-                    }
-                }
-                continue;
-            };
-            let estimates: Value = serde_json::from_str(&estimates)?;
-            let benchmark: Value = serde_json::from_str(&benchmark)?;
-            let Some(ns) = estimates["mean"]["point_estimate"].as_f64() else {
-                continue;
-            };
-            let text = |field: &str| benchmark[field].as_str().unwrap_or_default().to_owned();
-            means.insert(
-                (text("function_id"), text("value_str")),
-                CriterionMean {
-                    ns,
-                    bytes: benchmark["throughput"]["Bytes"].as_f64(),
-                },
-            );
-        }
-        Ok(Some(means))
     }
 
     /// LiteLLM's proxy with its Redis cache, in front of the same mock:
@@ -1174,6 +1173,8 @@ impl Bench {
             rand::random::<u64>(),
             rand::random::<u64>()
         );
+        // One worker process per core, as corral has one worker thread per core.
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut started = None;
         for _ in 0..3 {
             let port = process::free_port()?;
@@ -1187,19 +1188,19 @@ impl Bench {
                     "--port",
                     &port.to_string(),
                     "--num_workers",
-                    "1",
+                    &workers.to_string(),
                 ])
                 .env("LITELLM_MASTER_KEY", &master_key)
                 .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
                 .env("LITELLM_LOG", "ERROR")
                 .env("NO_PROXY", "*");
-            let url = format!("http://127.0.0.1:{port}");
-            match Service::spawn(
+            match Service::spawn_until_healthy(
                 name,
                 command,
                 &self.logs.join("litellm.log"),
                 PEER_START_DEADLINE,
-                move |line| line.contains("Uvicorn running on").then(|| url.clone()),
+                format!("http://127.0.0.1:{port}"),
+                "/health/liveliness",
             )
             .await
             {
@@ -1421,4 +1422,60 @@ pub fn markdown(report: &SuiteReport) -> String {
         out.push_str(&scenario_markdown(scenario, true));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Criterion's layout: `group/function/parameter/new/` for a parameterized
+    /// benchmark, `group/function/new/` for a plain one, `report/` beside them.
+    #[test]
+    fn criterion_means_reads_both_layouts() {
+        let group = tempfile::tempdir().unwrap();
+        let write =
+            |dir: &Path, function: &str, value: Option<&str>, ns: f64, bytes: Option<u64>| {
+                let new = dir.join("new");
+                std::fs::create_dir_all(&new).unwrap();
+                std::fs::write(
+                    new.join("estimates.json"),
+                    json!({"mean": {"point_estimate": ns}}).to_string(),
+                )
+                .unwrap();
+                std::fs::write(
+                    new.join("benchmark.json"),
+                    json!({
+                        "function_id": function,
+                        "value_str": value,
+                        "throughput": bytes.map(|b| json!({"Bytes": b})),
+                    })
+                    .to_string(),
+                )
+                .unwrap();
+            };
+        let root = group.path();
+        write(
+            &root.join("raw_sha256/32KB"),
+            "raw_sha256",
+            Some("32KB"),
+            16_000.0,
+            Some(32_768),
+        );
+        write(
+            &root.join("corral_router"),
+            "corral_router",
+            None,
+            8_000.0,
+            None,
+        );
+        std::fs::create_dir_all(root.join("report")).unwrap();
+
+        let means = criterion_means(root).unwrap().unwrap();
+        assert_eq!(means.len(), 2);
+        let sha = means[&("raw_sha256".to_owned(), "32KB".to_owned())];
+        assert_eq!((sha.ns, sha.bytes), (16_000.0, Some(32_768.0)));
+        let router = means[&("corral_router".to_owned(), String::new())];
+        assert_eq!((router.ns, router.bytes), (8_000.0, None));
+        assert!(criterion_means(&root.join("absent")).unwrap().is_none());
+    }
 }

@@ -70,7 +70,7 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamCallLabels {
     upstream: String,
-    model: String,
+    model: Arc<str>,
     status: String,
 }
 
@@ -81,20 +81,20 @@ struct UpstreamLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
-    model: String,
+    model: Arc<str>,
     kind: &'static str,
     source: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
-    model: String,
+    model: Arc<str>,
     source: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SavedLabels {
-    model: String,
+    model: Arc<str>,
     via: &'static str,
 }
 
@@ -322,7 +322,7 @@ impl Metrics {
     ) {
         let labels = UpstreamCallLabels {
             upstream: upstream.to_owned(),
-            model: model.as_str().to_owned(),
+            model: model.shared_name(),
             status: status.to_owned(),
         };
         if self.inner.upstream_requests.get(&labels).is_none() {
@@ -364,7 +364,7 @@ impl Metrics {
         self.inner
             .saved_responses
             .get_or_create(&SavedLabels {
-                model: model.as_str().to_owned(),
+                model: model.shared_name(),
                 via,
             })
             .inc();
@@ -377,7 +377,7 @@ impl Metrics {
     }
 
     fn add_usage(&self, model: &ModelLabel, source: &'static str, usage: Option<Usage>) {
-        let name = model.as_str().to_owned();
+        let name = model.shared_name();
         let Some(usage) = usage else {
             self.inner
                 .usage_unknown

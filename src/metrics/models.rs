@@ -35,6 +35,11 @@ impl ModelLabel {
         &self.name
     }
 
+    /// The name as a metric label: shared, so a per-request lookup allocates nothing.
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        self.name.clone()
+    }
+
     pub fn price(&self) -> Option<ModelPrice> {
         self.price
     }

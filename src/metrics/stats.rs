@@ -181,7 +181,7 @@ impl Metrics {
         for labels in &seen {
             let n = count(inner.upstream_requests.get(labels).map(|c| c.get()));
             *by_status.entry(labels.status.clone()).or_insert(0) += n;
-            *calls_by_model.entry(labels.model.as_str()).or_insert(0) += n;
+            *calls_by_model.entry(&*labels.model).or_insert(0) += n;
         }
         let retries = inner
             .upstreams
@@ -209,7 +209,7 @@ impl Metrics {
         let mut cost = CostSides::default();
         let mut unknown = UsageUnknown::default();
         for label in inner.models.all() {
-            let model = label.as_str().to_owned();
+            let model = label.shared_name();
             let via = |via: &'static str| {
                 count(
                     inner
@@ -262,7 +262,7 @@ impl Metrics {
                 upstream: unknown_of(UPSTREAM),
                 saved: unknown_of(SAVED),
             };
-            let upstream_calls = calls_by_model.get(model.as_str()).copied().unwrap_or(0);
+            let upstream_calls = calls_by_model.get(&*model).copied().unwrap_or(0);
             let active = upstream_calls > 0
                 || model_saved.total > 0
                 || model_tokens != TokenSides::default()
@@ -283,7 +283,7 @@ impl Metrics {
             unknown.upstream += model_unknown.upstream;
             unknown.saved += model_unknown.saved;
             models.push(ModelStats {
-                model,
+                model: model.to_string(),
                 priced: label.price().is_some(),
                 price: label.price(),
                 upstream_calls,
