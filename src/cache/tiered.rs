@@ -48,7 +48,7 @@ impl CacheStore for TieredStore {
         };
         let newer = match &local {
             Some(local) if local.stored_at_ms >= remote.stored_at_ms => return Some(local.clone()),
-            _ => Arc::new(remote),
+            _ => remote,
         };
         self.l1.put(key, newer.clone()).await;
         Some(newer)

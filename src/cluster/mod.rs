@@ -11,13 +11,18 @@ mod announce;
 mod connection;
 
 use std::{
+    collections::HashMap,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
 };
 
+use futures::{
+    FutureExt as _,
+    future::{BoxFuture, Shared},
+};
 use rand::Rng;
 use redis::{AsyncCommands, Script};
 use tokio::time::Instant;
@@ -39,7 +44,7 @@ use crate::{
     coalesce::StreamPublisher,
     config::RedisConfig,
     crypto::Sealer,
-    fingerprint::CacheKey,
+    fingerprint::{CacheKey, Fingerprint},
     metrics::Metrics,
     sse::{self, CallerUsage, LogEnd, StreamLog, StreamWriter},
 };
@@ -69,6 +74,9 @@ const SUCCESS_RECORD_TTL: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("redis unavailable")]
 pub struct Unavailable;
+
+/// A Redis read of an entry that several callers await.
+type SharedRead = Shared<BoxFuture<'static, Result<Option<Arc<Entry>>, Unavailable>>>;
 
 /// A held owner lock.
 #[derive(Debug, Clone)]
@@ -151,6 +159,10 @@ pub struct Cluster {
     /// `corral_redis_errors_total`, next to `errors`.
     metrics: Metrics,
     rejected_values: AtomicU64,
+    /// Reads of entries in progress on this instance, by fingerprint.
+    entry_reads: Mutex<HashMap<Fingerprint, SharedRead>>,
+    /// Callers that joined another caller's read instead of sending their own.
+    shared_reads: AtomicU64,
     /// Encrypts values at rest (`redis.encryption_key_env`), bound to their key.
     sealer: Option<Sealer>,
 }
@@ -170,6 +182,8 @@ impl Cluster {
             errors: AtomicU64::new(0),
             metrics,
             rejected_values: AtomicU64::new(0),
+            entry_reads: Mutex::default(),
+            shared_reads: AtomicU64::new(0),
             sealer: config
                 .encryption_key
                 .as_ref()
@@ -297,11 +311,54 @@ impl Cluster {
         }
     }
 
-    pub async fn get_entry(&self, key: &CacheKey) -> Result<Option<Entry>, Unavailable> {
-        self.get_value("get entry", self.keys.entry(key), |bytes| {
-            codec::decode_entry(bytes, key)
-        })
-        .await
+    /// Reads an entry. Callers of one key on this instance share one Redis
+    /// read: in a stampede every caller misses L1 at once, and N reads of one
+    /// key would queue on the connection (past `op_timeout`, opening the
+    /// breaker) to fetch one value.
+    pub async fn get_entry(
+        self: &Arc<Self>,
+        key: &CacheKey,
+    ) -> Result<Option<Arc<Entry>>, Unavailable> {
+        let read = {
+            let mut reads = self
+                .entry_reads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(read) = reads.get(&key.fingerprint) {
+                self.shared_reads.fetch_add(1, Ordering::Relaxed);
+                read.clone()
+            } else {
+                let cluster = self.clone();
+                let owned = key.clone();
+                // Its own task, so the read ends (and leaves the map) even when
+                // every caller awaiting it has gone; `op_timeout` bounds it.
+                let task = tokio::spawn(async move {
+                    let entry = cluster
+                        .get_value("get entry", cluster.keys.entry(&owned), |bytes| {
+                            codec::decode_entry(bytes, &owned)
+                        })
+                        .await
+                        .map(|entry| entry.map(Arc::new));
+                    cluster
+                        .entry_reads
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&owned.fingerprint);
+                    entry
+                });
+                let read = async move { task.await.unwrap_or(Err(Unavailable)) }
+                    .boxed()
+                    .shared();
+                reads.insert(key.fingerprint, read.clone());
+                read
+            }
+        };
+        read.await
+    }
+
+    /// Callers whose entry read was answered by another caller's read in progress.
+    pub fn shared_reads(&self) -> u64 {
+        self.shared_reads.load(Ordering::Relaxed)
     }
 
     /// Stores an entry; its Redis expiry is its hard TTL, measured from now.
@@ -748,7 +805,7 @@ fn is_connectivity(err: &redis::RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::{Endpoint, Fingerprint, KeyInput, TenantScope};
+    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
 
     #[test]
     fn keys_carry_the_tenant_and_one_hash_tag() {

@@ -476,6 +476,77 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     );
 }
 
+/// `calls=` of one command in Redis's `INFO commandstats`.
+async fn command_calls(redis: &RedisServer, command: &str) -> u64 {
+    let mut conn = redis.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// In a stampede every caller of an instance misses its L1 at once; they
+/// share one Redis read of the entry rather than queueing one read each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_miss_l1_together_share_one_redis_read() {
+    const CALLERS: usize = 200;
+    let redis = RedisServer::spawn().await;
+    // Redis is paused below for longer than a production op timeout.
+    let patient = |config: &mut corral::Config| {
+        config.redis = Some(RedisConfig {
+            op_timeout: Duration::from_secs(30),
+            ..redis_config(&redis.url())
+        })
+    };
+    let fleet = Fleet::start(1, patient).await;
+    let body = chat("one redis read for the whole herd");
+    assert_eq!(fleet.instances[0].post(PATH, &body).await.cache(), "MISS");
+    // A fresh instance: its L1 is empty, the answer is in Redis.
+    let reader =
+        TestGateway::start_shared(fleet.provider.clone(), fleet.clock.clone(), patient).await;
+    reader.wait_connected().await;
+    let cluster = reader.state.cluster.clone().expect("redis is configured");
+    let gets_before = command_calls(&redis, "get").await;
+
+    // Redis answers nobody for a while: every caller that arrives meanwhile
+    // either sends its own GET (and waits) or joins the one in progress.
+    let mut conn = redis.client().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|_| {
+            let handle = reader.clone_handle();
+            let body = body.clone();
+            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
+        })
+        .collect();
+    let replies = collect(tasks).await;
+
+    assert_eq!(
+        count_status(&replies, "HIT"),
+        CALLERS,
+        "all served from Redis"
+    );
+    assert_eq!(fleet.provider.calls(), 1, "no second upstream call");
+    let gets = command_calls(&redis, "get").await - gets_before;
+    assert!(
+        gets <= 2,
+        "{CALLERS} callers sent {gets} GETs ({} joined a read in progress)",
+        cluster.shared_reads()
+    );
+    assert!(cluster.shared_reads() > 0);
+}
+
 #[tokio::test]
 async fn a_corrupted_or_foreign_value_is_a_miss_never_served() {
     let redis = RedisServer::spawn().await;
