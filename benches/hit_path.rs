@@ -20,10 +20,6 @@ use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-/// The binary's allocator (`src/main.rs`), so the figures are the binary's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// One request as the load tool sends it.
 fn request(path: &str, body: &Bytes) -> Request<Body> {
     Request::post(format!("/v1{path}"))

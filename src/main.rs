@@ -6,12 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use corral::{AppState, Config, config::EMBEDDED_DEFAULT};
 
-/// Every request allocates a few dozen small objects across two worker
-/// threads; mimalloc's thread-local free lists serve them at a fraction of
-/// glibc malloc's cost (about a tenth of the hit path's CPU was malloc/free).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     version,
