@@ -967,21 +967,67 @@ impl Bench {
                 "responses",
             );
         }
-        if let Some(server) = &report.server {
-            let grown = server
-                .rss_peak_bytes
-                .saturating_sub(server.rss_before_bytes);
-            let per_follower = grown as f64 / streams.max(1) as f64;
-            result.target(
-                "RSS growth per stream",
-                per_follower / 1024.0,
-                "KiB",
-                "< 10 KiB",
-                per_follower < 10.0 * 1024.0,
-            );
-        }
         result.runs.push(report);
+
+        // Memory per follower beyond its connection: the same herd, streamed
+        // and not, each against a fresh corral (a process that served earlier
+        // scenarios reuses freed memory, and its RSS would grow by less).
+        let streamed = self
+            .fresh_herd_rss("corral-rss-stream", streams, true)
+            .await?;
+        let waiting = self
+            .fresh_herd_rss("corral-rss-wait", streams, false)
+            .await?;
+        result.figure(
+            "RSS growth per stream (connection included)",
+            streamed,
+            "KiB",
+        );
+        result.figure("RSS growth per waiting non-stream caller", waiting, "KiB");
+        let beyond = streamed - waiting;
+        result.target(
+            "RSS per stream follower beyond a waiting connection",
+            beyond,
+            "KiB",
+            "< 10 KiB",
+            beyond < 10.0,
+        );
         Ok(result)
+    }
+
+    /// Starts a fresh corral, sends it `callers` identical requests at once
+    /// (streamed or not, mock latency `STAMPEDE_LATENCY`), and returns its RSS
+    /// growth per caller in KiB.
+    async fn fresh_herd_rss(
+        &mut self,
+        name: &str,
+        callers: usize,
+        stream: bool,
+    ) -> anyhow::Result<f64> {
+        let fresh = start_corral(&self.options, &self.logs, name, &self.mock.ready, &[]).await?;
+        let mut scenario = self.stampede_scenario(
+            &format!("{name}: {callers} identical requests, stream {stream}"),
+            vec![format!("{}/v1", fresh.ready)],
+            callers,
+        );
+        scenario.stream = stream;
+        scenario.watch_pid = fresh.pid();
+        let report = self.run(&scenario).await;
+        fresh.stop().await;
+        let report = report?;
+        anyhow::ensure!(
+            report.errors == 0,
+            "{name}: {} errors; see its log",
+            report.errors
+        );
+        let server = report
+            .server
+            .as_ref()
+            .context("no RSS reading of the fresh corral")?;
+        let grown = server
+            .rss_peak_bytes
+            .saturating_sub(server.rss_before_bytes);
+        Ok(grown as f64 / callers.max(1) as f64 / 1024.0)
     }
 
     /// Zipf(1.1) over the corpus at a fixed arrival rate, a 200 ms provider.
