@@ -1,11 +1,15 @@
-//! CI smoke of the load tool (`corral::bench`), so it cannot rot: small
-//! counts against an in-process gateway and mock, assertions on counts only
-//! (requests, errors, upstream calls, cache statuses), never on timings.
+//! CI smoke of the load tool (`corral::bench`) and of the suite that
+//! `bench/run` drives, so neither can rot: small counts, assertions on counts
+//! only (requests, errors, upstream calls, cache statuses), never on timings.
 
-use std::{path::Path, sync::Arc};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use corral::bench::{
     self, Mix, Scenario, Stop,
+    suite::{self, Status, SuiteOptions},
     workload::{Prompt, load_corpus},
 };
 
@@ -112,4 +116,81 @@ async fn streams_are_read_to_the_end() {
     );
     assert!(report.first_byte.is_some());
     assert!(report.upstream_calls.is_some());
+}
+
+/// `corral-bench suite --quick` end to end, with the binaries this test build
+/// made: it starts the mock, corral, the baseline server and redis-server as
+/// child processes, runs every scenario but the peer, and writes its report.
+/// The criterion scenarios report "not available" (no criterion output here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral"))
+        .parent()
+        .expect("binaries have a directory")
+        .to_owned();
+    let out = tempfile::tempdir().unwrap();
+    let report = suite::run(SuiteOptions {
+        bin_dir,
+        out_dir: out.path().to_owned(),
+        corpus: root.join("prompts/corpus.jsonl"),
+        corral_config: root.join("config.yaml"),
+        criterion_dir: out.path().join("no-criterion-here"),
+        only: Vec::new(),
+        quick: true,
+        peers: Vec::new(),
+        litellm: PathBuf::from("litellm"),
+        redis_server: "redis-server".to_owned(),
+        peer_stampede: 100,
+    })
+    .await
+    .expect("the suite runs");
+
+    for file in ["latest.md", "latest.json"] {
+        let text = std::fs::read_to_string(out.path().join(file)).expect("the report is written");
+        assert!(text.contains("stampede-redis"), "{file}");
+    }
+    let scenario = |name: &str| {
+        report
+            .scenarios
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("{name} ran"))
+    };
+    let figure = |name: &str, figure: &str| {
+        scenario(name)
+            .figures
+            .iter()
+            .find(|f| f.name == figure)
+            .unwrap_or_else(|| panic!("{name}: {figure}"))
+            .value
+    };
+    for name in [
+        "hit",
+        "miss",
+        "stampede",
+        "stampede-redis",
+        "stream",
+        "zipf",
+    ] {
+        assert_eq!(
+            scenario(name).status,
+            Status::Ok,
+            "{name}: {:?}",
+            scenario(name).note
+        );
+    }
+    for name in ["hit-inproc", "fingerprint"] {
+        assert_eq!(scenario(name).status, Status::NotAvailable, "{name}");
+    }
+    assert!(
+        report.scenarios.iter().all(|s| s.name != "peer-litellm"),
+        "peers only on request"
+    );
+    // One instance: the local singleflight and the cache make this exact.
+    assert_eq!(figure("stampede", "upstream calls"), 1.0);
+    assert_eq!(figure("stampede", "errors"), 0.0);
+    assert_eq!(figure("stream", "upstream calls"), 1.0);
+    assert_eq!(figure("stampede-redis", "errors"), 0.0);
+    assert!(figure("hit", "throughput / baseline") > 0.0);
 }
