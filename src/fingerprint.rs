@@ -485,7 +485,7 @@ fn write_text(out: &mut Vec<u8>, text: &str, normalization: Normalization) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -556,7 +556,7 @@ mod tests {
 
     /// Text rich in what the writer treats specially: escapes, control
     /// characters, line endings (`\r\n` pairs included), Unicode white space.
-    fn any_text() -> impl proptest::strategy::Strategy<Value = String> {
+    pub(crate) fn any_text() -> impl proptest::strategy::Strategy<Value = String> {
         use proptest::{prelude::*, string::string_regex};
         prop_oneof![
             string_regex("[ a-zA-Z\r\n\t\"\\\\\u{0}-\u{1f}\u{7f}é\u{2028}\u{3000}😀]{0,40}")
@@ -565,12 +565,15 @@ mod tests {
         ]
     }
 
-    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    /// Any JSON value, nested, with [`any_text`] strings and the keys message
+    /// normalization looks at (`content`, `text`) among the others.
+    pub(crate) fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
         use proptest::prelude::*;
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
             any::<f64>()
                 .prop_filter("finite", |f| f.is_finite())
                 .prop_map(Value::from),

@@ -305,30 +305,10 @@ mod tests {
     proptest! {
         /// What passes the checks is exactly what serde_json would have built.
         #[test]
-        fn the_parse_is_serde_jsons_own(value in any_json()) {
+        fn the_parse_is_serde_jsons_own(value in crate::fingerprint::tests::any_json()) {
             let raw = serde_json::to_vec(&value).unwrap();
             prop_assert_eq!(parse_json(&raw, InputLimits { max_json_depth: 64, max_messages: 0 }).unwrap(), value);
         }
-    }
-
-    fn any_json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<u64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(Value::from),
-            ".{0,12}".prop_map(Value::String),
-        ];
-        leaf.prop_recursive(4, 48, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::btree_map(".{0,6}", inner, 0..6)
-                    .prop_map(|map| Value::Object(map.into_iter().collect())),
-            ]
-        })
     }
 
     #[test]
