@@ -46,12 +46,22 @@ impl CacheStore for TieredStore {
         let Ok(Some(remote)) = self.l2.get_entry(key).await else {
             return local;
         };
-        let newer = match &local {
-            Some(local) if local.stored_at_ms >= remote.stored_at_ms => return Some(local.clone()),
-            _ => remote,
-        };
-        self.l1.put(key, newer.clone()).await;
-        Some(newer)
+        if let Some(local) = &local
+            && local.stored_at_ms >= remote.stored_at_ms
+        {
+            return Some(local.clone());
+        }
+        // Callers that shared one Redis read (`Cluster::get_entry`) hold the
+        // same entry: the first of them copies it into L1, the others see it there.
+        let copied = self
+            .l1
+            .get(key)
+            .await
+            .is_some_and(|held| Arc::ptr_eq(&held, &remote));
+        if !copied {
+            self.l1.put(key, remote.clone()).await;
+        }
+        Some(remote)
     }
 
     async fn put(&self, key: &CacheKey, entry: Arc<Entry>) {
