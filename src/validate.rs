@@ -55,6 +55,7 @@ pub fn parse_json(raw: &[u8], limits: InputLimits) -> Result<Value, GatewayError
 }
 
 /// Builds a `Value` as serde_json's own visitor does, one nesting level at a time.
+#[derive(Clone, Copy)]
 struct Walk {
     depth: usize,
     max_depth: usize,
@@ -120,10 +121,7 @@ impl<'de> Visitor<'de> for Walk {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let inner = self.deeper()?;
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(item) = seq.next_element_seed(Walk {
-            depth: inner.depth,
-            max_depth: inner.max_depth,
-        })? {
+        while let Some(item) = seq.next_element_seed(inner)? {
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -139,10 +137,7 @@ impl<'de> Visitor<'de> for Walk {
                     shorten(&key)
                 )));
             }
-            let value = map.next_value_seed(Walk {
-                depth: inner.depth,
-                max_depth: inner.max_depth,
-            })?;
+            let value = map.next_value_seed(inner)?;
             object.insert(key, value);
         }
         Ok(Value::Object(object))
