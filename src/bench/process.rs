@@ -4,6 +4,7 @@
 //! handle is dropped.
 
 use std::{
+    future::Future,
     path::{Path, PathBuf},
     process::Stdio,
     sync::{Arc, Mutex, PoisonError},
@@ -36,29 +37,22 @@ impl Service {
         deadline: Duration,
         ready: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Self> {
-        let (mut child, mut lines) = start(name, command, log)?;
-        let found = tokio::time::timeout(deadline, async {
-            while let Some(line) = lines.recv().await {
-                if let Some(found) = ready(&line) {
-                    return Some(found);
+        Self::spawn_until(
+            name,
+            command,
+            log,
+            deadline,
+            "printed no ready line",
+            |mut lines| async move {
+                while let Some(line) = lines.recv().await {
+                    if let Some(found) = ready(&line) {
+                        return Some(found);
+                    }
                 }
-            }
-            None
-        })
-        .await;
-        match found {
-            Ok(Some(ready)) => Ok(Self {
-                name: name.to_owned(),
-                ready,
-                log: log.to_owned(),
-                child,
-            }),
-            Ok(None) => bail!("{}", exited_early(name, &mut child, log).await),
-            Err(_) => bail!(
-                "{name} printed no ready line within {deadline:?}; see {}",
-                log.display()
-            ),
-        }
+                None
+            },
+        )
+        .await
     }
 
     /// As [`Service::spawn`], for a program whose ready line depends on its
@@ -74,40 +68,69 @@ impl Service {
         health_path: &str,
     ) -> anyhow::Result<Self> {
         const PROBE_EVERY: Duration = Duration::from_millis(250);
-        let (mut child, mut lines) = start(name, command, log)?;
         let client = reqwest::Client::builder()
             .timeout(PROBE_EVERY * 4)
             .no_proxy()
             .build()?;
         let health = format!("{base_url}{health_path}");
-        let ready = tokio::time::timeout(deadline, async {
-            let mut probes = tokio::time::interval(PROBE_EVERY);
-            loop {
-                tokio::select! {
-                    line = lines.recv() => if line.is_none() {
+        let not_ready = format!("did not answer {health}");
+        Self::spawn_until(
+            name,
+            command,
+            log,
+            deadline,
+            &not_ready,
+            |mut lines| async move {
+                let mut probes = tokio::time::interval(PROBE_EVERY);
+                loop {
+                    tokio::select! {
                         // Both output streams closed: the process is gone.
-                        return false;
-                    },
-                    _ = probes.tick() => {
-                        let answered = client.get(&health).send().await;
-                        if answered.is_ok_and(|response| response.status().is_success()) {
-                            return true;
+                        line = lines.recv() => { line?; }
+                        _ = probes.tick() => {
+                            let answered = client.get(&health).send().await;
+                            if answered.is_ok_and(|response| response.status().is_success()) {
+                                return Some(base_url);
+                            }
                         }
                     }
                 }
-            }
-        })
-        .await;
-        match ready {
-            Ok(true) => Ok(Self {
+            },
+        )
+        .await
+    }
+
+    /// Spawns `command` with its output copied to `log`, then waits up to
+    /// `deadline` for `until` (given the output's lines) to say what the
+    /// service is ready as; `None` means the process went away first.
+    async fn spawn_until<F>(
+        name: &str,
+        command: Command,
+        log: &Path,
+        deadline: Duration,
+        not_ready: &str,
+        until: impl FnOnce(mpsc::UnboundedReceiver<String>) -> F,
+    ) -> anyhow::Result<Self>
+    where
+        F: Future<Output = Option<String>>,
+    {
+        let (mut child, lines) = start(name, command, log)?;
+        match tokio::time::timeout(deadline, until(lines)).await {
+            Ok(Some(ready)) => Ok(Self {
                 name: name.to_owned(),
-                ready: base_url,
+                ready,
                 log: log.to_owned(),
                 child,
             }),
-            Ok(false) => bail!("{}", exited_early(name, &mut child, log).await),
+            Ok(None) => {
+                let status = child.wait().await.ok();
+                bail!(
+                    "{name} exited before it was ready ({}); see {}",
+                    status.map_or("unknown status".into(), |s| s.to_string()),
+                    log.display()
+                )
+            }
             Err(_) => bail!(
-                "{name} did not answer {health} within {deadline:?}; see {}",
+                "{name} {not_ready} within {deadline:?}; see {}",
                 log.display()
             ),
         }
@@ -148,16 +171,6 @@ fn start(
         tokio::spawn(copy_lines(stderr, file.clone(), lines_tx));
     }
     Ok((child, lines))
-}
-
-/// Why a child that closed its output before it was ready is gone.
-async fn exited_early(name: &str, child: &mut Child, log: &Path) -> String {
-    let status = child.wait().await.ok();
-    format!(
-        "{name} exited before it was ready ({}); see {}",
-        status.map_or("unknown status".into(), |s| s.to_string()),
-        log.display()
-    )
 }
 
 /// Copies every line to the log; forwards lines until nobody listens.
