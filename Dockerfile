@@ -1,20 +1,35 @@
 # Multi-stage build: compile in the Rust image, run from a small Debian image
 # as a non-root user. TLS roots are compiled in (rustls + webpki roots).
-FROM rust:1.95-slim-bookworm AS build
+# The default target ships only the gateway; `--target mock-upstream` builds an
+# image of the fake provider for demos and load tests.
+FROM rust:1.95-slim-bookworm AS source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 COPY assets ./assets
+COPY prompts ./prompts
 COPY config.yaml ./
 # Targets Cargo.toml names must exist for the manifest to parse.
 COPY tests ./tests
 COPY benches ./benches
-RUN cargo build --release --locked --bin corral --bin mock-upstream
 
-FROM debian:bookworm-slim
+FROM source AS build
+RUN cargo build --release --locked -p corral --bin corral
+
+FROM source AS build-mock
+RUN cargo build --release --locked -p mock-upstream --bin mock-upstream
+
+FROM debian:bookworm-slim AS mock-upstream
+RUN useradd --system --uid 10001 --no-create-home mock
+COPY --from=build-mock /src/target/release/mock-upstream /usr/local/bin/mock-upstream
+USER mock
+EXPOSE 9090
+ENTRYPOINT ["mock-upstream", "--listen", "0.0.0.0:9090"]
+
+FROM debian:bookworm-slim AS corral
 RUN useradd --system --uid 10001 --no-create-home corral
 COPY --from=build /src/target/release/corral /usr/local/bin/corral
-COPY --from=build /src/target/release/mock-upstream /usr/local/bin/mock-upstream
 COPY config.yaml /etc/corral/config.yaml
 USER corral
 ENV CORRAL_LISTEN=0.0.0.0:8080

@@ -3,7 +3,6 @@
 
 pub mod api;
 pub mod auth;
-pub mod bench;
 pub mod breaker;
 pub mod cache;
 pub mod clock;
@@ -16,7 +15,6 @@ pub mod error;
 pub mod fingerprint;
 pub mod limits;
 pub mod metrics;
-pub mod mock;
 pub mod request;
 pub mod server;
 pub mod sse;

@@ -10,8 +10,8 @@ use std::{
 use corral::{
     config::RedisConfig,
     fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput, TenantScope},
-    mock::FailureMode,
 };
+use mock_upstream::FailureMode;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};

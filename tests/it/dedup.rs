@@ -3,7 +3,7 @@
 
 use std::{collections::HashSet, time::Duration};
 
-use corral::mock::FailureMode;
+use mock_upstream::FailureMode;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

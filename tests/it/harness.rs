@@ -7,11 +7,8 @@
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use corral::{
-    AppState, Config,
-    clock::ManualClock,
-    mock::{MockProvider, MockSettings},
-};
+use corral::{AppState, Config, clock::ManualClock};
+use mock_upstream::{MockProvider, MockSettings};
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;

@@ -5,7 +5,7 @@
 
 use std::{path::Path, process::Stdio};
 
-use corral::mock::{MockProvider, MockSettings};
+use mock_upstream::{MockProvider, MockSettings};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::{
@@ -162,7 +162,7 @@ async fn traffic(corral: &Corral, provider: &MockProvider, id: &str) -> String {
         )
         .await;
     assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
-    provider.push_script(corral::mock::Scripted::json(
+    provider.push_script(mock_upstream::Scripted::json(
         400,
         r#"{"error":{"message":"rejected","type":"invalid_request_error","param":null,"code":null}}"#,
     ));

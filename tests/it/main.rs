@@ -7,7 +7,6 @@ mod prompts_golden;
 mod redis_server;
 
 mod bad_input;
-mod bench_smoke;
 mod cluster;
 mod dashboard;
 mod dedup;

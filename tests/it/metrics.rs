@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use corral::{
-    config::{Config, ModelPrice, PriceTable},
-    mock::Scripted,
-};
+use corral::config::{Config, ModelPrice, PriceTable};
+use mock_upstream::Scripted;
 use prometheus_parse::{Scrape, Value as Sample};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use corral::{
     auth::key_hash,
     config::{RateConfig, RedisConfig, Secret},
-    mock::{FailureMode, MockProvider, Scripted},
     upstream::breaker::CircuitState,
 };
+use mock_upstream::{FailureMode, MockProvider, Scripted};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use corral::mock::{FailureMode, Scripted};
+use mock_upstream::{FailureMode, Scripted};
 use reqwest::StatusCode;
 
 use crate::harness::{TestGateway, chat};

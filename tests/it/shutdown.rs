@@ -4,7 +4,8 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
-use corral::{AppState, Config, config::RedisConfig, mock::MockProvider};
+use corral::{AppState, Config, config::RedisConfig};
+use mock_upstream::MockProvider;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::{

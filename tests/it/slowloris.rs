@@ -143,7 +143,7 @@ async fn a_slow_body_is_cut_with_408() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_trickling_connections_are_closed_at_the_header_timeout_and_fds_return() {
     let timeout = Duration::from_secs(3);
-    let provider = corral::mock::MockProvider::start(Default::default())
+    let provider = mock_upstream::MockProvider::start(Default::default())
         .await
         .unwrap();
     let yaml = format!(

@@ -5,10 +5,8 @@
 use std::{collections::HashSet, time::Duration};
 
 use bytes::Bytes;
-use corral::{
-    config::RedisConfig,
-    mock::{MockProvider, MockSettings},
-};
+use corral::config::RedisConfig;
+use mock_upstream::{MockProvider, MockSettings};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -11,11 +11,11 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Map, Value, json};
 
 use super::DEADLINE;
-use crate::mock::{MockProvider, MockSettings};
 use crate::sse::{
     BrokenStream, CallerUsage, RelayOutcome, RelaySummary, StreamLog, assemble,
     force_include_usage, relay_response,
 };
+use mock_upstream::{MockProvider, MockSettings};
 
 const STALL: Duration = Duration::from_secs(5);
 

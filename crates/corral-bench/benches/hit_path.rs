@@ -11,13 +11,11 @@ use std::{path::Path, sync::Arc, time::Instant};
 
 use axum::{Router, body::Body, http::Request, routing::post};
 use bytes::Bytes;
-use corral::{
-    AppState, Config,
-    bench::workload::{Mix, Workload, load_corpus},
-    mock::{MockProvider, MockSettings},
-};
+use corral::{AppState, Config};
+use corral_bench::workload::{Mix, Workload, load_corpus};
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use http_body_util::BodyExt;
+use mock_upstream::{MockProvider, MockSettings};
 use tower::ServiceExt;
 
 /// One request as the load tool sends it.
@@ -46,7 +44,7 @@ async fn run(router: &Router, path: &str, body: &Bytes, iters: u64) -> std::time
 }
 
 fn bench(c: &mut Criterion) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

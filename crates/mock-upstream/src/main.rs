@@ -1,6 +1,6 @@
 //! `mock-upstream`: the shipped fake OpenAI provider, for integration tests, demos and load tests.
 //!
-//! It serves [`corral::mock::MockProvider`] on a fixed address so that a gateway can be pointed
+//! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
 //! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
 //! script, truncate) steer it while it runs. This file only wires: arguments, logging, bind,
@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
-use corral::mock::{FailureMode, MockProvider, MockSettings};
+use mock_upstream::{FailureMode, MockProvider, MockSettings};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 

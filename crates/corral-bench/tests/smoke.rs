@@ -1,4 +1,4 @@
-//! CI smoke of the load tool (`corral::bench`) and of the suite that
+//! CI smoke of the load tool (`corral_bench`) and of the suite that
 //! `bench/run` drives, so neither can rot: small counts, assertions on counts
 //! only (requests, errors, upstream calls, cache statuses), never on timings.
 
@@ -7,16 +7,51 @@ use std::{
     sync::Arc,
 };
 
-use corral::bench::{
-    self, Mix, Scenario, Stop,
+use corral_bench::{
+    self as bench, Mix, Scenario, Stop,
     suite::{self, Status, SuiteOptions},
     workload::{Prompt, load_corpus},
 };
 
-use crate::harness::TestGateway;
+use mock_upstream::{MockProvider, MockSettings};
+use tokio::net::TcpListener;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// corral in process on 127.0.0.1:0 in front of the mock provider: what the
+/// load tool needs of the gateway's own test harness (`tests/it/harness.rs`).
+struct TestGateway {
+    url: String,
+    provider: MockProvider,
+    _stop: DropGuard,
+}
+
+impl TestGateway {
+    async fn start() -> Self {
+        let provider = MockProvider::start(MockSettings::default())
+            .await
+            .expect("mock provider starts");
+        let config = corral::Config::for_tests(&provider.base_url());
+        config.validate().expect("test config is valid");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(corral::AppState::build(config).expect("state builds"));
+        let stop = CancellationToken::new();
+        tokio::spawn(corral::serve(
+            listener,
+            state,
+            stop.clone().cancelled_owned(),
+        ));
+        Self {
+            url,
+            provider,
+            _stop: stop.drop_guard(),
+        }
+    }
+}
 
 fn corpus() -> Arc<Vec<Prompt>> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/corpus.jsonl");
+    let path =
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("prompts/corpus.jsonl");
     Arc::new(load_corpus(&path).expect("the corpus loads"))
 }
 
@@ -35,7 +70,7 @@ fn cache_count(report: &bench::LoadReport, label: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_requests_are_counted_and_cost_one_upstream_call() {
-    let gateway = TestGateway::start(|_| {}).await;
+    let gateway = TestGateway::start().await;
     let report = bench::run(&scenario(
         &gateway,
         "smoke: identical",
@@ -66,7 +101,7 @@ async fn identical_requests_are_counted_and_cost_one_upstream_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_requests_each_cost_a_call_and_zipf_repeats_are_saved() {
-    let gateway = TestGateway::start(|_| {}).await;
+    let gateway = TestGateway::start().await;
     let distinct = bench::run(&scenario(&gateway, "smoke: distinct", Mix::Distinct, 100))
         .await
         .expect("the distinct run completes");
@@ -101,7 +136,7 @@ async fn distinct_requests_each_cost_a_call_and_zipf_repeats_are_saved() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_read_to_the_end() {
-    let gateway = TestGateway::start(|_| {}).await;
+    let gateway = TestGateway::start().await;
     let mut streams = scenario(&gateway, "smoke: streams", Mix::Identical { index: 0 }, 20);
     streams.stream = true;
     let report = bench::run(&streams)
@@ -124,11 +159,20 @@ async fn streams_are_read_to_the_end() {
 /// The criterion scenarios report "not available" (no criterion output here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral"))
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    // The suite runs the workspace's binaries as child processes; `cargo test`
+    // at the workspace root builds all of them into one directory.
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral-bench"))
         .parent()
         .expect("binaries have a directory")
         .to_owned();
+    for bin in ["corral", "mock-upstream", "bench-baseline"] {
+        assert!(
+            bin_dir.join(bin).exists(),
+            "{bin} is not built in {}: run `cargo test` at the workspace root",
+            bin_dir.display()
+        );
+    }
     let out = tempfile::tempdir().unwrap();
     let report = suite::run(SuiteOptions {
         bin_dir,

@@ -1153,7 +1153,7 @@ impl Bench {
         Ok(result)
     }
 
-    /// The hit path in process (`benches/hit_path.rs`): corral's router with
+    /// The hit path in process (`crates/corral-bench/benches/hit_path.rs`): corral's router with
     /// the shipped config against a router returning the same bytes, no
     /// sockets. What corral itself adds per cached request, without the
     /// kernel's share and the loopback's noise.

@@ -1,11 +1,11 @@
 //! `corral-bench`: the load tool (`run`) and the benchmark suite (`suite`).
-//! This file only parses arguments; the work is in `corral::bench`.
+//! This file only parses arguments; the work is in the `corral_bench` library.
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use corral::bench::{
+use corral_bench::{
     Mix, Scenario, Stop,
     suite::{self, SuiteOptions},
     workload::load_corpus,
@@ -169,7 +169,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     scenario.seed = args.seed;
     scenario.watch_pid = args.pid;
-    let report = corral::bench::run(&scenario).await?;
+    let report = corral_bench::run(&scenario).await?;
     print!("{}", report.table());
     if let Some(path) = args.json {
         let json = serde_json::to_string_pretty(&report)?;

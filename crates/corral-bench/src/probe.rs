@@ -200,7 +200,7 @@ impl MetricsDelta {
             total(after, name, filter) - total(before, name, filter)
         };
         let mut requests_by_cache = std::collections::BTreeMap::new();
-        for label in crate::metrics::CACHE_LABELS {
+        for label in corral::metrics::CACHE_LABELS {
             let count = delta("corral_requests_total", &[("cache", label)]);
             if count != 0.0 {
                 requests_by_cache.insert(label.to_owned(), count);

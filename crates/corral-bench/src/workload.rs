@@ -15,7 +15,7 @@ use rand_distr::{Distribution, Zipf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::fingerprint::Endpoint;
+use corral::fingerprint::Endpoint;
 
 /// One line of the corpus: an endpoint and a JSON body.
 #[derive(Debug, Clone)]
@@ -241,7 +241,10 @@ mod tests {
     use super::*;
 
     fn corpus() -> Vec<Prompt> {
-        load_corpus(&Path::new(env!("CARGO_MANIFEST_DIR")).join("prompts/corpus.jsonl")).unwrap()
+        load_corpus(
+            &Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("prompts/corpus.jsonl"),
+        )
+        .unwrap()
     }
 
     #[test]
