@@ -242,7 +242,7 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
     );
     // Bound: a few Redis deadlines before the breaker opens, plus the upstream call.
     assert!(
-        elapsed < Duration::from_secs(5),
+        elapsed < Duration::from_secs(15),
         "callers waited {elapsed:?}"
     );
     let outage_calls = fleet.provider.calls() - 1;

@@ -164,7 +164,7 @@ async fn an_open_circuit_serves_stale_entries_fails_misses_fast_and_a_probe_clos
     let wait = retry_after(&miss);
     assert!((1..=30).contains(&wait), "{wait}");
     assert!(
-        elapsed < Duration::from_secs(1),
+        elapsed < Duration::from_secs(5),
         "fast fail took {elapsed:?}"
     );
     println!("open-circuit miss answered in {elapsed:?}");

@@ -70,7 +70,22 @@ async fn the_openai_python_sdk_works_through_corral() {
     assert_eq!(results["bad_request_error"], "BadRequestError", "{context}");
     assert_eq!(results["bad_request_status"], 400, "{context}");
 
-    assert_eq!(results["live_repeat_cache"], "HIT", "{context}");
+    // The non-stream repeat is sent the moment the SDK read the stream's last
+    // event; the flight may still be storing the assembled answer then. It is
+    // either served from the cache (HIT) or joins the finishing flight
+    // (COALESCED): both are the same answer with no upstream call, which the
+    // call count below pins. Which one depends only on scheduling.
+    assert!(
+        matches!(
+            results["live_repeat_cache"].as_str(),
+            Some("HIT" | "COALESCED")
+        ),
+        "{context}"
+    );
+    assert_eq!(
+        results["live_repeat_content"], results["live_stream_content"],
+        "{context}"
+    );
     assert!(
         results["live_usage_total"].as_u64().is_some_and(|n| n > 0),
         "usage was asked for and received; {context}"

@@ -379,7 +379,7 @@ async fn idle_keep_alive_connections_do_not_hold_up_shutdown() {
         .unwrap()
         .unwrap();
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(10),
         "an idle connection is closed at once, not waited for ({:?})",
         started.elapsed()
     );
