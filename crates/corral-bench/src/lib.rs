@@ -21,6 +21,7 @@ pub mod process;
 pub mod report;
 pub mod suite;
 pub mod workload;
+pub mod wrk;
 
 pub use load::{Scenario, Stop, run};
 pub use report::LoadReport;

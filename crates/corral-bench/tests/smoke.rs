@@ -237,4 +237,20 @@ async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
     assert_eq!(figure("stream", "upstream calls"), 1.0);
     assert_eq!(figure("stampede-redis", "errors"), 0.0);
     assert!(figure("hit", "throughput / baseline") > 0.0);
+    // CI installs wrk (.ci/run): the hit path is then measured with it, and
+    // the report says so.
+    if which_wrk() {
+        let generator = scenario("hit").extra["load_generator"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(generator.starts_with("wrk"), "{generator}");
+        assert!(figure("hit", "throughput cost of the request log").is_finite());
+    }
+}
+
+fn which_wrk() -> bool {
+    std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_ok()
 }
