@@ -34,7 +34,8 @@ async fn main() -> anyhow::Result<()> {
     if cli.healthcheck {
         return healthcheck(config.listen).await;
     }
-    corral::telemetry::init(config.log.format);
+    // Held until main returns: queued log lines are written on the way out.
+    let _log = corral::telemetry::init(config.log.format);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;

@@ -1,5 +1,6 @@
-//! The HTTP edge: the accept loop, connection timeouts, admission (gateway
-//! keys, rate limits, the global cap) and graceful shutdown.
+//! The HTTP edge: the accept loop, connection timeouts and graceful shutdown.
+//! Admission (gateway keys, rate limits, the global cap, bounded bodies) is
+//! the request pipeline's (`api/pipeline.rs`).
 //!
 //! `axum::serve` installs no timer, so hyper's header-read timeout is inert
 //! there and a client that trickles its headers (slowloris) holds a socket
@@ -16,22 +17,15 @@
 
 use std::{future::Future, pin::pin, sync::Arc, time::Duration};
 
-use axum::{
-    body::Body,
-    extract::{Request, State},
-    middleware::Next,
-    response::{IntoResponse, Response},
-};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::server::conn::http1;
 use hyper_util::{
     rt::{TokioIo, TokioTimer},
     server::graceful::GracefulShutdown,
     service::TowerToHyperService,
 };
-use tokio::{net::TcpListener, sync::OwnedSemaphorePermit};
+use tokio::net::TcpListener;
 
-use crate::{api, error::GatewayError, state::AppState};
+use crate::{api, state::AppState};
 
 /// Pause after a failed accept (out of file descriptors, say), so the loop does
 /// not spin while the condition lasts.
@@ -115,64 +109,4 @@ async fn drain(state: &AppState, graceful: GracefulShutdown) {
     {
         tracing::warn!("connections still open after the cut; closing them");
     }
-}
-
-/// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
-/// body (bounded in size and time). `/healthz` and `/readyz` pass untouched.
-pub(crate) async fn admission(
-    State(app): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if !request.uri().path().starts_with("/v1/") {
-        return next.run(request).await;
-    }
-    match admit(&app, request).await {
-        Ok((request, permit)) => {
-            let response = next.run(request).await;
-            drop(permit);
-            response
-        }
-        Err(error) => error.into_response(),
-    }
-}
-
-async fn admit(
-    app: &AppState,
-    request: Request,
-) -> Result<(Request, Option<OwnedSemaphorePermit>), GatewayError> {
-    let permit = app.limits.admit()?;
-    let tenant = app.auth.authenticate(request.headers())?;
-    app.limits.check_tenant(&tenant)?;
-    let request = read_body(
-        request,
-        app.config.limits.max_body_bytes,
-        app.config.server.body_read_timeout,
-    )
-    .await?;
-    Ok((request, permit))
-}
-
-/// Reads the whole body under a size limit and a deadline, so no handler
-/// ever waits on a slow client.
-async fn read_body(
-    request: Request,
-    limit: usize,
-    deadline: Duration,
-) -> Result<Request, GatewayError> {
-    let (parts, body) = request.into_parts();
-    let collected = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
-    let bytes = match collected {
-        Err(_) => return Err(GatewayError::BodyTimeout { timeout: deadline }),
-        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return Err(GatewayError::BodyTooLarge { limit });
-        }
-        Ok(Err(err)) => {
-            return Err(GatewayError::invalid(format!(
-                "could not read the request body: {err}"
-            )));
-        }
-        Ok(Ok(collected)) => collected.to_bytes(),
-    };
-    Ok(Request::from_parts(parts, Body::from(bytes)))
 }

@@ -5,6 +5,7 @@ mod chat;
 mod dashboard;
 mod health;
 pub mod metrics;
+pub mod pipeline;
 mod proxy;
 mod stats;
 
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use axum::{
     Router,
     extract::{DefaultBodyLimit, rejection::BytesRejection},
-    middleware,
     routing::{any, get, post},
 };
 use bytes::Bytes;
@@ -35,17 +35,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/dashboard", get(dashboard::dashboard))
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
-        // Inside the tracking layer, so refused requests (401, 429, 413, 408,
-        // overload) are counted and carry a request id too.
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            crate::server::admission,
-        ))
-        // Outermost: every response, errors and fallbacks included, gets the request id.
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            metrics::track,
-        ))
+        // Outermost: every response, errors and fallbacks included, is
+        // counted and gets the request id; admission runs inside it.
+        .layer(pipeline::PipelineLayer::new(state.clone()))
         .with_state(state)
 }
 

@@ -84,9 +84,15 @@ impl Corral {
         request.send().await.expect("request reaches corral")
     }
 
-    /// Stops the process and returns its whole stderr.
+    /// Stops the process as an orchestrator does (SIGTERM: drain, then exit,
+    /// writing the log lines still queued) and returns its whole stderr.
     async fn logs(mut self) -> String {
-        self.child.start_kill().expect("kill corral");
+        let pid = self.child.id().expect("corral is running");
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(term.success(), "SIGTERM delivered");
         tokio::time::timeout(WAIT, self.child.wait())
             .await
             .expect("corral exits")

@@ -66,7 +66,7 @@ fn bench(c: &mut Criterion) {
         // As the suite runs it: the per-request log line is measured on its own there.
         config.log.requests = false;
         // Spans are part of the cost: the binary's subscriber, at its default level.
-        corral::telemetry::init(config.log.format);
+        std::mem::forget(corral::telemetry::init(config.log.format));
         let state = Arc::new(AppState::build(config).expect("state builds"));
         let corral = corral::api::router(state);
         // The first request fills the cache; every measured one is a HIT.

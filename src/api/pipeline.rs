@@ -1,0 +1,291 @@
+//! The one layer every request passes through, as a single `tower::Service`:
+//! a request id (the caller's `x-request-id` when it is sane, else a new one,
+//! echoed on every response), a `request` span that the request's logs (and
+//! the upstream call it starts) nest in, admission for `/v1/*` (the global
+//! cap, the gateway key, the tenant's rate, then the body bounded in size and
+//! time), the request counters and latency histogram, and one access-log line.
+//!
+//! One service instead of two `from_fn` layers: each of those boxes a future
+//! and clones the inner router per request, and the hit path pays for every
+//! such step (see BENCHMARKS.md). Admission sits inside the tracking, so a
+//! refused request (401, 429, 413, 408, overload) is counted and carries a
+//! request id too.
+
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Body,
+    extract::Request,
+    http::{HeaderName, HeaderValue},
+    response::{IntoResponse, Response},
+};
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::sync::OwnedSemaphorePermit;
+use tower::{Layer, Service, ServiceExt as _};
+use tracing::Instrument;
+
+use crate::{
+    dedup::{CACHE_HEADER, FINGERPRINT_HEADER},
+    error::GatewayError,
+    fingerprint::Endpoint,
+    state::AppState,
+};
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Longest caller-chosen request id kept; longer ones are replaced.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Characters of the fingerprint a log line shows: enough to find a request's
+/// siblings, too few to matter as a key.
+const FINGERPRINT_PREFIX: usize = 12;
+
+/// Wraps the router in [`Pipeline`].
+#[derive(Clone)]
+pub struct PipelineLayer {
+    app: Arc<AppState>,
+}
+
+impl PipelineLayer {
+    pub fn new(app: Arc<AppState>) -> Self {
+        Self { app }
+    }
+}
+
+impl<S> Layer<S> for PipelineLayer {
+    type Service = Pipeline<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Pipeline {
+            inner,
+            app: self.app.clone(),
+        }
+    }
+}
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct Pipeline<S> {
+    inner: S,
+    app: Arc<AppState>,
+}
+
+impl<S> Service<Request> for Pipeline<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The clone is the one `poll_ready` was not called on; keep the ready one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let app = self.app.clone();
+        let started = Instant::now();
+        let id = request_id(&request);
+        let path = request.uri().path();
+        let endpoint = endpoint_of(path);
+        let admitted = path.starts_with("/v1/");
+        // The path only: a query string may carry anything. The request's
+        // cache status and fingerprint are on its summary line, and a flight's
+        // logs carry its fingerprint: one span is all the hit path pays for.
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id.to_str().unwrap_or_default(),
+            method = %request.method(),
+            path = %path,
+        );
+        let in_span = span.clone();
+        Box::pin(
+            async move {
+                let mut response = if admitted {
+                    match admit(&app, request).await {
+                        Ok((request, permit)) => {
+                            let response = inner.oneshot(request).await;
+                            drop(permit);
+                            response.unwrap_or_else(|never| match never {})
+                        }
+                        Err(error) => error.into_response(),
+                    }
+                } else {
+                    inner
+                        .oneshot(request)
+                        .await
+                        .unwrap_or_else(|never| match never {})
+                };
+                record(&app, &span, endpoint, &response, started.elapsed());
+                response
+                    .headers_mut()
+                    .insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
+                Ok(response)
+            }
+            .instrument(in_span),
+        )
+    }
+}
+
+/// Counts the request by its `x-corral-cache` (none: `ERROR`) and writes its
+/// access-log line.
+fn record(
+    app: &AppState,
+    span: &tracing::Span,
+    endpoint: Option<Endpoint>,
+    response: &Response,
+    elapsed: Duration,
+) {
+    let headers = response.headers();
+    let cache = headers
+        .get(CACHE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("ERROR");
+    if let Some(endpoint) = endpoint {
+        app.metrics.request(endpoint.label(), cache, elapsed);
+    }
+    if app.config.log.requests {
+        let fingerprint = headers
+            .get(FINGERPRINT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|hex| &hex[..hex.len().min(FINGERPRINT_PREFIX)])
+            .unwrap_or("-");
+        let cache = if endpoint.is_some() { cache } else { "-" };
+        span.in_scope(|| {
+            tracing::info!(
+                status = response.status().as_u16(),
+                cache,
+                fingerprint,
+                latency_ms = elapsed.as_secs_f64() * 1000.0,
+                "request"
+            );
+        });
+    }
+}
+
+/// The caller's request id when it is visible ASCII of at most 128 characters
+/// (it goes into logs and a response header verbatim), else a fresh random one.
+fn request_id(request: &Request) -> HeaderValue {
+    request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .filter(|id| {
+            let bytes = id.as_bytes();
+            !bytes.is_empty()
+                && bytes.len() <= MAX_REQUEST_ID_LEN
+                && bytes.iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            let mut id = [0u8; 32];
+            hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut id)
+                .expect("32 hex digits for 16 bytes");
+            HeaderValue::from_bytes(&id).expect("hex is a valid header value")
+        })
+}
+
+fn endpoint_of(path: &str) -> Option<Endpoint> {
+    [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+    ]
+    .into_iter()
+    .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
+}
+
+/// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
+/// body (bounded in size and time), all before any parsing.
+async fn admit(
+    app: &AppState,
+    request: Request,
+) -> Result<(Request, Option<OwnedSemaphorePermit>), GatewayError> {
+    let permit = app.limits.admit()?;
+    let tenant = app.auth.authenticate(request.headers())?;
+    app.limits.check_tenant(&tenant)?;
+    let request = read_body(
+        request,
+        app.config.limits.max_body_bytes,
+        app.config.server.body_read_timeout,
+    )
+    .await?;
+    Ok((request, permit))
+}
+
+/// Reads the whole body under a size limit and a deadline, so no handler
+/// ever waits on a slow client.
+async fn read_body(
+    request: Request,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Request, GatewayError> {
+    let (parts, body) = request.into_parts();
+    let collected = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
+    let bytes = match collected {
+        Err(_) => return Err(GatewayError::BodyTimeout { timeout: deadline }),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(GatewayError::BodyTooLarge { limit });
+        }
+        Ok(Err(err)) => {
+            return Err(GatewayError::invalid(format!(
+                "could not read the request body: {err}"
+            )));
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_id(id: &[u8]) -> Request {
+        Request::builder()
+            .header(REQUEST_ID_HEADER, HeaderValue::from_bytes(id).unwrap())
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn sane_request_ids_are_kept_and_others_replaced() {
+        assert_eq!(request_id(&with_id(b"req-42_A.b")), "req-42_A.b");
+        let longest = "x".repeat(MAX_REQUEST_ID_LEN);
+        assert_eq!(request_id(&with_id(longest.as_bytes())), longest.as_str());
+        for bad in [
+            "x".repeat(MAX_REQUEST_ID_LEN + 1).into_bytes(),
+            b"has space".to_vec(),
+            b"tab\there".to_vec(),
+            "caf\u{e9}".as_bytes().to_vec(),
+        ] {
+            let id = request_id(&with_id(&bad));
+            assert_eq!(id.len(), 32, "{bad:?} -> {id:?}");
+            assert!(id.to_str().unwrap().bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        let absent = Request::builder().body(Body::empty()).unwrap();
+        assert_ne!(request_id(&absent), request_id(&absent), "fresh each time");
+    }
+
+    #[test]
+    fn only_the_deduplicated_paths_are_endpoints() {
+        assert_eq!(
+            endpoint_of("/v1/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(endpoint_of("/v1/completions"), Some(Endpoint::Completions));
+        assert_eq!(endpoint_of("/v1/embeddings"), Some(Endpoint::Embeddings));
+        assert_eq!(endpoint_of("/v1/models"), None);
+        assert_eq!(endpoint_of("/chat/completions"), None);
+        assert_eq!(endpoint_of("/metrics"), None);
+    }
+}
