@@ -93,6 +93,24 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default)]
     pub shutdown: ShutdownConfig,
+    #[serde(default)]
+    pub passthrough: PassthroughConfig,
+    /// `CORRAL_*` variables that name no setting (Kubernetes' service links,
+    /// say): ignored, each logged once as a warning by the binary.
+    #[serde(skip)]
+    pub ignored_env: Vec<String>,
+}
+
+/// Which `/v1/*` endpoints outside the deduplicated ones are proxied
+/// (`passthrough.rs`). Each rule is `METHOD /v1/path-glob` or `/v1/path-glob`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PassthroughConfig {
+    /// Passed even when corral sends its own provider key (then only
+    /// stateless endpoints pass by default).
+    pub allow: Vec<String>,
+    /// Never passed; wins over `allow` and the defaults.
+    pub deny: Vec<String>,
 }
 
 /// The shared L2 cache, cluster-wide owner lock and completion announcements.
@@ -388,6 +406,10 @@ pub struct AuthConfig {
     pub keys_env: Option<String>,
     /// Variable holding the secret tenant scopes are keyed with (HMAC-SHA-256).
     pub tenant_secret_env: Option<String>,
+    /// Lets corral start on a non-loopback address while it sends its own
+    /// provider key and no gateway key is set: anyone who reaches it spends
+    /// that key. Off, such a start is refused (no accidental open relay).
+    pub allow_anonymous: bool,
     /// Resolved at load: every accepted key's hash, from `keys` and `keys_env`.
     #[serde(skip)]
     pub key_hashes: Vec<[u8; 32]>,
@@ -571,11 +593,12 @@ impl Config {
         if tree.is_null() {
             tree = Value::Mapping(Mapping::new());
         }
-        apply_env_overrides(&mut tree, &env)?;
+        let ignored_env = apply_env_overrides(&mut tree, &env)?;
         let mut config: Config = serde_path_to_error::deserialize(tree).map_err(|err| {
             let path = err.path().to_string();
             ConfigError::key(path, err.into_inner().to_string())
         })?;
+        config.ignored_env = ignored_env;
         config.resolve_keys(&env)?;
         config.resolve_protection_secrets(&env)?;
         config.validate()?;
@@ -754,6 +777,40 @@ impl Config {
         Ok(())
     }
 
+    /// Refuses the set-ups that would expose one caller's spending or
+    /// answers to others: an open relay, a cache shared by unauthenticated
+    /// callers who each pay with their own key; and checks the pass-through rules.
+    fn validate_exposure(&self) -> Result<(), ConfigError> {
+        let gateway_keys = !self.auth.key_hashes.is_empty();
+        if let Some(i) = self.upstreams.iter().position(|u| u.api_key.is_some())
+            && !gateway_keys
+            && !self.listen.ip().is_loopback()
+            && !self.auth.allow_anonymous
+        {
+            return Err(ConfigError::key(
+                "auth.allow_anonymous",
+                format!(
+                    "refusing to start an open relay: corral listens on {} and sends its own provider key (upstreams[{i}]) for anyone who reaches it, and no gateway key is set. Set auth.keys or auth.keys_env, listen on a loopback address, or set auth.allow_anonymous: true if that is intended",
+                    self.listen
+                ),
+            ));
+        }
+        if self.cache.scope == CacheScope::Global
+            && !gateway_keys
+            && let Some(i) = self.upstreams.iter().position(|u| u.api_key.is_none())
+        {
+            return Err(ConfigError::key(
+                "cache.scope",
+                format!(
+                    "`global` is refused while callers bring their own provider keys (upstreams[{i}] has no api_key_env) and no gateway key authenticates them: an answer paid by one key would be served to any key or none, and one bad key's error to everyone. Use `tenant`, or set api_key_env and gateway keys (auth.keys)"
+                ),
+            ));
+        }
+        crate::passthrough::Policy::new(&self.passthrough)
+            .map_err(|(key, message)| ConfigError::key(key, message))?;
+        Ok(())
+    }
+
     fn resolve_keys(&mut self, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
         for (index, upstream) in self.upstreams.iter_mut().enumerate() {
             if let Some(var) = &upstream.api_key_env {
@@ -778,6 +835,7 @@ impl Config {
     /// Checks what types alone cannot; every message names its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_protection()?;
+        self.validate_exposure()?;
         if self.upstreams.is_empty() {
             return Err(ConfigError::key(
                 "upstreams",
@@ -915,7 +973,15 @@ impl Config {
 
 /// Applies `CORRAL_A__B__0__C=value` as `a.b[0].c = value` (value read as a YAML
 /// scalar, so numbers and booleans keep their type), plus the short aliases.
-fn apply_env_overrides(tree: &mut Value, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
+/// Only variables that name a setting apply: the others (Kubernetes injects
+/// `CORRAL_PORT=tcp://...` and `CORRAL_SERVICE_HOST` beside a Service named
+/// `corral`) are returned, to be ignored with a warning.
+fn apply_env_overrides(
+    tree: &mut Value,
+    env: &BTreeMap<&str, &str>,
+) -> Result<Vec<String>, ConfigError> {
+    let schema = settings_schema();
+    let mut ignored = Vec::new();
     for (var, value) in env {
         let path = match ENV_ALIASES.iter().find(|(alias, _)| alias == var) {
             Some((_, path)) => path.split('.').map(str::to_owned).collect::<Vec<_>>(),
@@ -923,10 +989,15 @@ fn apply_env_overrides(tree: &mut Value, env: &BTreeMap<&str, &str>) -> Result<(
                 let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                     continue;
                 };
-                if *var == ENV_UPSTREAM_API_KEY || rest.is_empty() {
+                if *var == ENV_UPSTREAM_API_KEY {
                     continue;
                 }
-                rest.split("__").map(str::to_ascii_lowercase).collect()
+                let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+                if !is_setting(&schema, &path) {
+                    ignored.push((*var).to_owned());
+                    continue;
+                }
+                path
             }
         };
         let parsed: Value =
@@ -936,7 +1007,43 @@ fn apply_env_overrides(tree: &mut Value, env: &BTreeMap<&str, &str>) -> Result<(
             message,
         })?;
     }
-    Ok(())
+    Ok(ignored)
+}
+
+/// Every setting's path, as a tree: a configuration with every optional part
+/// present and one element in every list, serialized. A map key `*` stands for
+/// any key (`pricing.models` is keyed by model name).
+fn settings_schema() -> Value {
+    let mut sample: Config = serde_yaml_ng::from_str(
+        "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\n",
+    )
+    .expect("the settings sample parses");
+    sample.cache.max_bytes = Some(1);
+    sample.redis = Some(RedisConfig {
+        url: Some("redis://x".into()),
+        nodes: vec!["redis://x".into()],
+        encryption_key_env: Some("X".into()),
+        ..RedisConfig::default()
+    });
+    serde_yaml_ng::to_value(&sample).expect("the config serializes")
+}
+
+/// Whether `path` (lower-case keys, list indices as numbers) names a setting.
+fn is_setting(schema: &Value, path: &[String]) -> bool {
+    let Some((head, rest)) = path.split_first() else {
+        return true;
+    };
+    match schema {
+        Value::Mapping(map) => map
+            .get(head.as_str())
+            .or_else(|| map.get("*"))
+            .is_some_and(|child| is_setting(child, rest)),
+        Value::Sequence(items) => {
+            head.parse::<usize>().is_ok()
+                && items.first().is_some_and(|item| is_setting(item, rest))
+        }
+        _ => false,
+    }
 }
 
 fn set_path(tree: &mut Value, path: &[String], value: Value) -> Result<(), String> {
@@ -999,6 +1106,8 @@ mod tests {
                 ("CORRAL_UPSTREAM_API_KEY", "sk-test"),
                 ("CORRAL_CACHE__SOFT_TTL", "10s"),
                 ("CORRAL_CACHE__SAMPLED", "true"),
+                // Listening on every interface with corral's own key is an explicit choice.
+                ("CORRAL_AUTH__ALLOW_ANONYMOUS", "true"),
                 ("UNRELATED", "x"),
             ],
         )
@@ -1211,6 +1320,88 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("64 hex digits"), "{err}");
+    }
+
+    #[test]
+    fn an_open_relay_is_refused_unless_anonymous_access_is_allowed() {
+        let yaml = "listen: 0.0.0.0:8080\nupstreams:\n  - {name: a, base_url: 'http://127.0.0.1:9/v1', api_key_env: KEY}\n";
+        let err = Config::load(yaml, [("KEY", "sk-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("auth.allow_anonymous"), "{err}");
+        assert!(err.contains("open relay"), "{err}");
+        let allowed = format!("{yaml}auth:\n  allow_anonymous: true\n");
+        assert!(Config::load(&allowed, [("KEY", "sk-1")]).is_ok());
+        // Gateway keys, a loopback address or the callers' own keys: no relay.
+        let keyed = format!("{yaml}auth:\n  keys_env: GW\n");
+        assert!(Config::load(&keyed, [("KEY", "sk-1"), ("GW", "gw-1")]).is_ok());
+        let loopback = yaml.replace("0.0.0.0", "127.0.0.1");
+        assert!(Config::load(&loopback, [("KEY", "sk-1")]).is_ok());
+        let own_keys =
+            "listen: '[::]:8080'\nupstreams:\n  - {name: a, base_url: 'http://127.0.0.1:9/v1'}\n";
+        assert!(Config::load(own_keys, []).is_ok());
+    }
+
+    #[test]
+    fn a_global_cache_is_refused_while_callers_pay_with_their_own_keys() {
+        let err = Config::load(&format!("{BASE}cache:\n  scope: global\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cache.scope"), "{err}");
+        assert!(err.contains("upstreams[0]"), "{err}");
+        let shared_key = format!("{BASE}    api_key_env: KEY\ncache:\n  scope: global\n");
+        assert!(Config::load(&shared_key, [("KEY", "sk-1")]).is_ok());
+    }
+
+    #[test]
+    fn kubernetes_service_variables_are_ignored_and_named() {
+        let config = Config::load(
+            BASE,
+            [
+                ("CORRAL_PORT", "tcp://10.0.0.1:8080"),
+                ("CORRAL_PORT_8080_TCP_ADDR", "10.0.0.1"),
+                ("CORRAL_SERVICE_HOST", "10.0.0.1"),
+                ("CORRAL_SERVICE_PORT", "8080"),
+                ("CORRAL_BIN", "x"),
+                ("CORRAL_CACHE__TYPO", "1"),
+                ("CORRAL_CACHE__SOFT_TTL", "10s"),
+                ("CORRAL_UPSTREAMS__0__MODELS", "['gpt-*']"),
+                ("CORRAL_PRICING__MODELS__GPT-4O__INPUT", "3"),
+                ("CORRAL_PASSTHROUGH__ALLOW", "['POST /v1/files']"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.ignored_env,
+            [
+                "CORRAL_BIN",
+                "CORRAL_CACHE__TYPO",
+                "CORRAL_PORT",
+                "CORRAL_PORT_8080_TCP_ADDR",
+                "CORRAL_SERVICE_HOST",
+                "CORRAL_SERVICE_PORT"
+            ]
+        );
+        assert_eq!(config.cache.soft_ttl, Duration::from_secs(10));
+        assert_eq!(config.upstreams[0].models, ["gpt-*"]);
+        assert_eq!(config.pricing.models.0[0].0, "gpt-4o");
+        assert_eq!(config.passthrough.allow, ["POST /v1/files"]);
+        // A documented key with a bad value is still an error naming the variable.
+        let err = Config::load(BASE, [("CORRAL_UPSTREAMS__3__NAME", "x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("CORRAL_UPSTREAMS__3__NAME"), "{err}");
+    }
+
+    #[test]
+    fn passthrough_rules_are_checked_at_load() {
+        let err = Config::load(
+            &format!("{BASE}passthrough:\n  deny: ['/v1/ok', 'GET files']\n"),
+            [],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("passthrough.deny[1]"), "{err}");
     }
 
     #[test]

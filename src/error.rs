@@ -6,11 +6,14 @@ use std::time::Duration;
 
 use axum::{
     extract::rejection::BytesRejection,
-    http::{HeaderMap, HeaderValue, StatusCode, header},
+    http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
 use serde_json::json;
+
+/// The header both OpenAI SDKs read before deciding to retry a failed call.
+const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -67,6 +70,16 @@ pub enum GatewayError {
     BodyTimeout { timeout: Duration },
     #[error("the gateway is shutting down; retry")]
     ShuttingDown,
+    /// A pass-through path that could leave the provider's API (`passthrough.rs`).
+    #[error("the request path is refused: {reason}; corral forwards only plain /v1/ paths")]
+    PathRefused { reason: &'static str },
+    /// The pass-through policy refuses this endpoint; `setting` says which setting decides.
+    #[error("`{method} {path}` is not passed through: {setting}")]
+    PassthroughDenied {
+        method: axum::http::Method,
+        path: String,
+        setting: &'static str,
+    },
 }
 
 impl GatewayError {
@@ -161,6 +174,16 @@ impl GatewayError {
                 "server_error",
                 Some("shutting_down"),
             ),
+            Self::PathRefused { .. } => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("invalid_path"),
+            ),
+            Self::PassthroughDenied { .. } => (
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                Some("passthrough_denied"),
+            ),
         }
     }
 
@@ -178,6 +201,36 @@ impl GatewayError {
             Self::ShuttingDown => Some(Duration::from_secs(1)),
             _ => None,
         }
+    }
+
+    /// Whether this error ends corral's own retry loop for an upstream call
+    /// (`upstream/retry.rs`, at most `retry.max_attempts` attempts). Its
+    /// response then says `x-should-retry: false`, which both OpenAI SDKs
+    /// obey: their own retries on top would multiply the attempts a provider
+    /// that answers 429 sees.
+    pub fn ends_upstream_retries(&self) -> bool {
+        matches!(
+            self,
+            Self::Upstream { .. }
+                | Self::UpstreamTimeout { .. }
+                | Self::UpstreamUnreachable { .. }
+                | Self::UpstreamInvalid { .. }
+        )
+    }
+
+    /// Whether this failure is local to this instance (its circuit, its rate
+    /// cap, its waiter caps, its shutdown), not an answer about the request:
+    /// it is never recorded in Redis for the cluster's other instances.
+    pub fn is_local_to_instance(&self) -> bool {
+        matches!(
+            self,
+            Self::CircuitOpen { .. }
+                | Self::RateLimited { .. }
+                | Self::TooManyWaiters { .. }
+                | Self::Overloaded { .. }
+                | Self::ShuttingDown
+                | Self::WaitTimedOut
+        )
     }
 
     /// Builds the response without consuming the error: one failed flight is
@@ -208,6 +261,7 @@ impl GatewayError {
                 if let Some(value) = content_type {
                     headers.insert(header::CONTENT_TYPE, value.clone());
                 }
+                headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
                 body.clone()
             }
             _ => {
@@ -216,6 +270,9 @@ impl GatewayError {
                         header::RETRY_AFTER,
                         HeaderValue::from(retry_after.as_secs().max(1)),
                     );
+                }
+                if self.ends_upstream_retries() {
+                    headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
                 }
                 if let Self::Unauthorized = self {
                     headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod limits;
 pub mod metrics;
+pub mod passthrough;
 pub mod request;
 pub mod server;
 pub mod sse;

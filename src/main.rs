@@ -1,6 +1,6 @@
 //! The `corral` binary: CLI -> config -> tracing -> AppState -> serve.
 
-use std::{path::PathBuf, sync::Arc};
+use std::{path::PathBuf, process::ExitCode, sync::Arc};
 
 use anyhow::Context;
 use clap::Parser;
@@ -21,9 +21,20 @@ struct Cli {
     healthcheck: bool,
 }
 
+/// A startup error is one line on stderr (`corral: what: why`) and exit code
+/// 1: no backtrace, no `Debug` dump.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn main() -> ExitCode {
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("corral: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let yaml = match std::fs::read_to_string(&cli.config) {
         Ok(yaml) => yaml,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => EMBEDDED_DEFAULT.to_owned(),
@@ -34,8 +45,11 @@ async fn main() -> anyhow::Result<()> {
     if cli.healthcheck {
         return healthcheck(config.listen).await;
     }
-    // Held until main returns: queued log lines are written on the way out.
+    // Held until run returns: queued log lines are written on the way out.
     let _log = corral::telemetry::init(config.log.format);
+    for variable in &config.ignored_env {
+        tracing::warn!("ignoring environment variable {variable}: it names no corral setting");
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;

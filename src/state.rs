@@ -17,6 +17,7 @@ use crate::{
     config::Config,
     limits::Limits,
     metrics::Metrics,
+    passthrough::Policy,
     upstream::{Routes, Upstream},
 };
 
@@ -38,6 +39,8 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// Gateway keys and the keyed tenant scope.
     pub auth: Auth,
+    /// Which pass-through endpoints are proxied (`passthrough.rs`).
+    pub passthrough: Policy,
     /// Per-tenant rate and the global cap on requests served at once.
     pub limits: Limits,
     /// Cancelled when the shutdown drain times out: running upstream calls end.
@@ -114,6 +117,8 @@ impl AppState {
                 cut_upstream.clone(),
             )?,
             auth: Auth::new(&config),
+            passthrough: Policy::new(&config.passthrough)
+                .map_err(|(key, message)| anyhow::anyhow!("config key `{key}`: {message}"))?,
             limits: Limits::new(&config, clock.clone()),
             cut_upstream,
             metrics,

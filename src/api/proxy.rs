@@ -1,22 +1,31 @@
-//! Every other `/v1/*` path (`GET /v1/models`, files, ...) is proxied through
-//! unchanged: no dedup, no cache, the caller's own response.
+//! Every other `/v1/*` path (files, audio, images, ...) is proxied through
+//! unchanged: no dedup, no cache, the caller's own response. The path must
+//! stay inside the provider's API and the pass-through policy must allow it
+//! (`passthrough.rs`). `GET /v1/models` is the one exception: it lists the
+//! models of every upstream (`models.rs`).
 
 use std::sync::Arc;
 
 use axum::{
     body::Body,
-    extract::{Path, RawQuery, State, rejection::BytesRejection},
+    extract::{FromRequest, Request, State},
     http::{HeaderMap, HeaderName, Method, Uri, header},
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
 
-use super::read_body;
-use crate::{error::GatewayError, request::KEYED_HEADERS, state::AppState, upstream::Outbound};
+use super::{models, read_body};
+use crate::{
+    error::GatewayError, passthrough::ProxyPath, request::KEYED_HEADERS, state::AppState,
+    upstream::Outbound,
+};
 
 /// Request headers a proxied call carries; the rest (cookies, hop-by-hop,
 /// gateway-internal) stay here.
 const PROXIED_REQUEST_HEADERS: &[&str] = &["accept", "content-type"];
+
+/// Longest `model` form field read from a multipart body.
+const MAX_MODEL_FIELD_BYTES: u64 = 1024;
 
 /// Response headers that never cross a proxy (RFC 9110 hop-by-hop) or are set by the server.
 const HOP_BY_HOP: &[&str] = &[
@@ -33,27 +42,49 @@ const HOP_BY_HOP: &[&str] = &[
 
 pub async fn passthrough(
     State(app): State<Arc<AppState>>,
-    method: Method,
-    Path(rest): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, GatewayError> {
+    let (mut parts, body) = request.into_parts();
+    // The raw path, not a percent-decoded one: `%2e%2e` must be seen as what
+    // the provider (or a URL parser) would make of it.
+    let path = ProxyPath::parse(parts.uri.path())?;
+    let method = parts.method.clone();
+    let headers = std::mem::take(&mut parts.headers);
+    let query = parts.uri.query().map(str::to_owned);
+    let full_path = parts.uri.path().to_owned();
+    let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
     let body = read_body(body, app.config.limits.max_body_bytes)?;
-    // Route by the body's model when it names one, else to the first upstream.
-    let model = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_owned));
-    let upstream = match &model {
+    if method == Method::GET && full_path == "/v1/models" {
+        return models::list(&app, &headers).await;
+    }
+    let upstream = match routing_model(&method, &full_path, &headers, &body).await {
         Some(model) => app
             .routes
-            .route(model)
-            .ok_or_else(|| GatewayError::NoRoute {
-                model: model.clone(),
-            })?,
+            .route(&model)
+            .ok_or(GatewayError::NoRoute { model })?,
         None => 0,
     };
-    let forwarded = PROXIED_REQUEST_HEADERS
+    app.passthrough.check(
+        &method,
+        &full_path,
+        app.config.upstreams[upstream].api_key.is_some(),
+    )?;
+    let outbound = Outbound {
+        upstream,
+        method,
+        path: path.below_base().to_owned(),
+        query,
+        headers: forwarded_headers(&headers),
+        authorization: headers.get(header::AUTHORIZATION).cloned(),
+        body,
+    };
+    relay(&app, &outbound).await
+}
+
+/// The caller's headers a proxied request carries: content negotiation (one
+/// `Content-Type`, the caller's own) and the keyed OpenAI headers.
+pub(super) fn forwarded_headers(headers: &HeaderMap) -> Vec<(HeaderName, axum::http::HeaderValue)> {
+    PROXIED_REQUEST_HEADERS
         .iter()
         .map(|name| HeaderName::from_static(name))
         .chain(KEYED_HEADERS)
@@ -61,18 +92,13 @@ pub async fn passthrough(
             let value = headers.get(&name)?.clone();
             Some((name, value))
         })
-        .collect();
-    let outbound = Outbound {
-        upstream,
-        method,
-        path: format!("/{rest}"),
-        query,
-        headers: forwarded,
-        authorization: headers.get(header::AUTHORIZATION).cloned(),
-        body,
-    };
+        .collect()
+}
+
+/// Sends `outbound` and streams the provider's answer back, whatever its status.
+async fn relay(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayError> {
     // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
-    let upstream = app.upstream.call_streaming(&outbound).await?;
+    let upstream = app.upstream.call_streaming(outbound).await?;
     let status = upstream.status();
     let mut response_headers = HeaderMap::new();
     for (name, value) in upstream.headers() {
@@ -85,6 +111,56 @@ pub async fn passthrough(
     let mut response = (status, Body::from_stream(upstream.bytes_stream())).into_response();
     response.headers_mut().extend(response_headers);
     Ok(response)
+}
+
+/// The model a proxied request is routed by: `GET /v1/models/{id}` by its
+/// id, a JSON body by its `model`, a multipart form (an audio file, say) by
+/// its `model` field. None: the first upstream.
+async fn routing_model(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Option<String> {
+    if *method == Method::GET
+        && let Some(id) = path.strip_prefix("/v1/models/")
+    {
+        return percent_encoding::percent_decode_str(id)
+            .decode_utf8()
+            .ok()
+            .map(|id| id.into_owned());
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    if content_type
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+    {
+        return multipart_model(content_type, body.clone()).await;
+    }
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_owned))
+}
+
+/// The `model` field of a multipart form, read from the buffered body without
+/// changing it (the body goes upstream byte for byte); None when the form is
+/// malformed or has no such field.
+async fn multipart_model(content_type: &str, body: Bytes) -> Option<String> {
+    let boundary = multer::parse_boundary(content_type).ok()?;
+    let stream = futures::stream::once(async move { Ok::<_, std::io::Error>(body) });
+    let limits = multer::Constraints::new()
+        .size_limit(multer::SizeLimit::new().for_field("model", MAX_MODEL_FIELD_BYTES));
+    let mut form = multer::Multipart::with_constraints(stream, boundary, limits);
+    while let Some(field) = form.next_field().await.ok()? {
+        if field.name() == Some("model") {
+            return field.text().await.ok().map(|model| model.trim().to_owned());
+        }
+    }
+    None
 }
 
 pub async fn unknown_path(uri: Uri) -> GatewayError {

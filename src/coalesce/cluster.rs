@@ -38,7 +38,9 @@ pub(super) async fn cluster_flight(
     if !context.error_ttl.is_zero() {
         match cluster.get_record(key).await {
             Err(Unavailable) => return None,
-            Ok(Some(record)) if record.failed => return Some(outcome_of(record)),
+            Ok(Some(record)) if record.failed && negatively_cacheable(&record) => {
+                return Some(outcome_of(record));
+            }
             Ok(_) => {}
         }
     }
@@ -128,16 +130,26 @@ async fn own(
         recorded_at_ms: context.clock.now_ms(),
     };
     // Each step is best effort: followers that miss the record or the
-    // announcement see the lock go and contend again. A flight cut by this
-    // instance's shutdown records nothing, so followers elsewhere contend
-    // again at once instead of sharing (and negatively caching) a 503.
-    let cut = matches!(&outcome, Err(error) if matches!(**error, GatewayError::ShuttingDown));
-    if !cut {
+    // announcement see the lock go and contend again. A failure local to this
+    // instance (its shutdown, its open circuit, its rate or waiter cap) records
+    // nothing, so followers elsewhere contend again at once instead of sharing
+    // (and negatively caching) an error that is not theirs.
+    let local = matches!(&outcome, Err(error) if error.is_local_to_instance());
+    if !local {
         let _ = cluster.put_record(key, &record, context.error_ttl).await;
     }
     let _ = cluster.announce(key).await;
     let _ = cluster.release(&lease).await;
     outcome
+}
+
+/// Whether a failed flight's record may answer later requests at once. A
+/// provider's 401 or 403 is about a credential, which can become valid at any
+/// moment (a key just created, a permission just granted): the record still
+/// ends the waits of the flight's own followers, but the next request asks
+/// the provider again.
+fn negatively_cacheable(record: &FlightRecord) -> bool {
+    !matches!(record.response.status.as_u16(), 401 | 403)
 }
 
 fn error_response(error: &GatewayError) -> StoredResponse {

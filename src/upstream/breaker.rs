@@ -3,8 +3,9 @@
 //! (first or retry) the client makes. Only real upstream attempts pass through
 //! here: coalesced followers and cache hits never spend any of it.
 //!
-//! - **Breaker**: `breaker_failures` consecutive failed attempts (5xx, 429,
-//!   connect errors, timeouts, bodies that break off) open it for
+//! - **Breaker**: `breaker_failures` consecutive failed attempts (5xx,
+//!   connect errors, timeouts, bodies that break off; never a caller's 4xx,
+//!   see [`is_upstream_failure`]) open it for
 //!   `breaker_cool_down`; meanwhile attempts fail fast with 503 +
 //!   `Retry-After` (and the coalescer keeps serving any stored entry, STALE).
 //!   Then exactly one probe goes through (half-open): success closes it,
@@ -298,13 +299,16 @@ impl Ticket<'_> {
     }
 }
 
-/// Whether an attempt's error says the upstream is unwell (counts against the breaker).
+/// Whether an attempt's error says the provider itself is sick: a 5xx, a
+/// timeout, a connection that failed or broke off. Only these count against
+/// the breaker, which every tenant shares. A 4xx is about the caller's own
+/// request or key (401, 403, 404, the 429 of its own quota) and a response
+/// too large is about what the caller asked for: counting them would let one
+/// tenant open the circuit for all.
 pub fn is_upstream_failure(error: &GatewayError) -> bool {
     match error {
-        GatewayError::Upstream { status, .. } => status.is_server_error() || status.as_u16() == 429,
-        GatewayError::UpstreamUnreachable { .. }
-        | GatewayError::UpstreamTimeout { .. }
-        | GatewayError::UpstreamInvalid { .. } => true,
+        GatewayError::Upstream { status, .. } => status.is_server_error(),
+        GatewayError::UpstreamUnreachable { .. } | GatewayError::UpstreamTimeout { .. } => true,
         _ => false,
     }
 }

@@ -29,7 +29,9 @@ use crate::{
 #[derive(Debug)]
 struct Target {
     name: String,
+    /// Without a trailing slash; every request URL extends its path.
     base_url: String,
+    base: reqwest::Url,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
     first_byte_timeout: Duration,
@@ -98,14 +100,19 @@ impl Upstream {
             .map(|u| {
                 let client = reqwest::Client::builder()
                     .use_rustls_tls()
+                    // A redirect could lead a request (and the provider key)
+                    // anywhere; the caller gets the 3xx as the provider sent it.
+                    .redirect(reqwest::redirect::Policy::none())
                     .connect_timeout(u.connect_timeout)
                     .pool_idle_timeout(Duration::from_secs(90))
                     .pool_max_idle_per_host(256)
                     .tcp_nodelay(true)
                     .build()?;
+                let base_url = u.base_url.trim_end_matches('/').to_owned();
                 Ok(Target {
                     name: u.name.clone(),
-                    base_url: u.base_url.trim_end_matches('/').to_owned(),
+                    base: reqwest::Url::parse(&base_url)?,
+                    base_url,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
                     first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
@@ -187,24 +194,7 @@ impl Upstream {
     ) -> Result<Buffered, GatewayError> {
         let started = Instant::now();
         let target = &self.targets[outbound.upstream];
-        let (result, attempts) = self
-            .protected(outbound.upstream, || async {
-                let response = self
-                    .send_once(outbound, Some(target.request_timeout))
-                    .await?;
-                let status = response.status();
-                let headers = response.headers().clone();
-                // From here the body has begun to arrive: a failure is not retried.
-                let body = self
-                    .read_body(target, response)
-                    .await
-                    .map_err(AttemptError::fatal)?;
-                if status.is_success() {
-                    return Ok((status, headers, body));
-                }
-                Err(status_error(status, &headers, body))
-            })
-            .await;
+        let (result, attempts) = self.buffered_attempts(outbound).await;
         let elapsed = started.elapsed();
         tracing::info!(upstream = %target.name, attempts, ?elapsed, ok = result.is_ok(), "upstream call");
         let status = match &result {
@@ -221,6 +211,46 @@ impl Upstream {
             attempts,
             elapsed,
         })
+    }
+
+    /// As `call_buffered`, for a call that is not billable (a model list):
+    /// guarded and retried alike, not counted.
+    pub async fn call_unbilled(&self, outbound: &Outbound) -> Result<Buffered, GatewayError> {
+        let started = Instant::now();
+        let target = &self.targets[outbound.upstream];
+        let (result, attempts) = self.buffered_attempts(outbound).await;
+        let (status, headers, body) = result.map_err(|err| name_timeout(err, &target.name))?;
+        Ok(Buffered {
+            status,
+            headers,
+            body,
+            attempts,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    async fn buffered_attempts(
+        &self,
+        outbound: &Outbound,
+    ) -> (Result<(StatusCode, HeaderMap, Bytes), GatewayError>, usize) {
+        let target = &self.targets[outbound.upstream];
+        self.protected(outbound.upstream, || async {
+            let response = self
+                .send_once(outbound, Some(target.request_timeout))
+                .await?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            // From here the body has begun to arrive: a failure is not retried.
+            let body = self
+                .read_body(target, response)
+                .await
+                .map_err(AttemptError::fatal)?;
+            if status.is_success() {
+                return Ok((status, headers, body));
+            }
+            Err(status_error(status, &headers, body))
+        })
+        .await
     }
 
     /// As `call_streaming`, for a billable call: counted under `model` (its
@@ -283,15 +313,17 @@ impl Upstream {
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response, AttemptError> {
         let target = &self.targets[outbound.upstream];
-        let mut url = format!("{}{}", target.base_url, outbound.path);
-        if let Some(query) = &outbound.query {
-            url.push('?');
-            url.push_str(query);
+        let url = confined_url(target, outbound).map_err(AttemptError::fatal)?;
+        let mut request = target.client.request(outbound.method.clone(), url);
+        // Exactly one Content-Type: the caller's (a multipart boundary, say)
+        // when it sent one, else JSON, what every deduplicated body is.
+        if !outbound
+            .headers
+            .iter()
+            .any(|(name, _)| name == header::CONTENT_TYPE)
+        {
+            request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        let mut request = target
-            .client
-            .request(outbound.method.clone(), url)
-            .header(header::CONTENT_TYPE, "application/json");
         for (name, value) in &outbound.headers {
             request = request.header(name, value);
         }
@@ -354,6 +386,29 @@ impl Upstream {
             }
         }
     }
+}
+
+/// The request URL: the base URL joined with the outbound path and query. It
+/// must be a strict extension of the base URL's path on the same origin
+/// (`passthrough::ProxyPath` already refused every way out; this is the last
+/// word, for every caller of the client).
+fn confined_url(target: &Target, outbound: &Outbound) -> Result<reqwest::Url, GatewayError> {
+    let mut text = format!("{}{}", target.base_url, outbound.path);
+    if let Some(query) = &outbound.query {
+        text.push('?');
+        text.push_str(query);
+    }
+    let refused = || GatewayError::PathRefused {
+        reason: "it leads outside the upstream's base_url",
+    };
+    let url = reqwest::Url::parse(&text).map_err(|_| refused())?;
+    let base_path = target.base.path().trim_end_matches('/');
+    let inside = url.origin() == target.base.origin()
+        && url
+            .path()
+            .strip_prefix(base_path)
+            .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'));
+    if inside { Ok(url) } else { Err(refused()) }
 }
 
 /// Connect errors and timeouts before any response are worth another attempt.

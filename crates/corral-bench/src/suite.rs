@@ -420,6 +420,9 @@ async fn start_corral(
     command
         .env("CORRAL_LISTEN", "127.0.0.1:0")
         .env("CORRAL_UPSTREAM_BASE_URL", mock_url)
+        // A key of corral's own (the mock accepts any): `cache.scope: global`
+        // is refused while callers would bring their own.
+        .env("CORRAL_UPSTREAM_API_KEY", "sk-bench-mock")
         .env("CORRAL_CACHE__SCOPE", "global")
         .env("CORRAL_LOG__REQUESTS", "false")
         .env("RUST_LOG", "info");

@@ -32,10 +32,15 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
         .merge(admin::router())
         .fallback(not_found)
         .layer(middleware::from_fn(provider_headers))
+        .layer(middleware::from_fn_with_state(
+            shared.clone(),
+            note_received,
+        ))
         .with_state(shared)
 }
 
@@ -45,6 +50,7 @@ enum Endpoint {
     ChatCompletions,
     Completions,
     Embeddings,
+    AudioTranscriptions,
 }
 
 /// The call number of a billable response, for the headers added by [`provider_headers`].
@@ -63,8 +69,28 @@ async fn embeddings(State(shared): State<Arc<Shared>>, request: Request) -> Resp
     billable(&shared, Endpoint::Embeddings, request).await
 }
 
-async fn models() -> Response {
-    Json(openai::models()).into_response()
+async fn transcriptions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::AudioTranscriptions, request).await
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    Json(openai::models(shared.settings.models.as_deref())).into_response()
+}
+
+/// Notes every request line but the admin calls, before routing: a request for a path the
+/// mock does not know is evidence too (of one that should never have left the gateway).
+async fn note_received(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let uri = request.uri();
+    if !uri.path().starts_with("/__mock/") {
+        let target = uri.path_and_query().map_or("/", |target| target.as_str());
+        let line = format!("{} {target}", request.method());
+        super::lock(&shared.received).push(line);
+    }
+    next.run(request).await
 }
 
 async fn not_found(request: Request) -> Response {
@@ -132,6 +158,7 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                     Endpoint::ChatCompletions => openai::chat_completions(&body, arrival.call),
                     Endpoint::Completions => openai::completions(&body, arrival.call),
                     Endpoint::Embeddings => openai::embeddings(&body),
+                    Endpoint::AudioTranscriptions => Ok(openai::transcription(&body)),
                 };
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),

@@ -2,7 +2,7 @@
 //! integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/embeddings`, `/v1/models`), answered deterministically from the request body so that
+//! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/models`), answered deterministically from the request body so that
 //! identical requests get identical content and different requests differ (`openai.rs`). The
 //! ledger of billable calls: every call is counted and recorded on arrival, before anything can
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
@@ -48,6 +48,9 @@ pub struct MockSettings {
     pub stream_chunk_delay: Duration,
     /// Failure injection active from the start, as if [`MockProvider::set_failure`] were called.
     pub failure: Option<FailureMode>,
+    /// The model ids `/v1/models` lists; `None` lists the default three (`gpt-4o-mini`,
+    /// `gpt-4o`, `text-embedding-3-small`). A gateway with two mocks tells them apart by these.
+    pub models: Option<Vec<String>>,
 }
 
 /// Make a share of the billable calls fail with an OpenAI-shaped error.
@@ -265,6 +268,13 @@ impl MockProvider {
         lock(&self.inner.shared.ledger).requests.clone()
     }
 
+    /// Every request received since start or the last reset, billable or not, known path or
+    /// not (admin calls excepted), as `METHOD /path?query` in arrival order: what a test
+    /// checks to prove that nothing reached the provider.
+    pub fn received(&self) -> Vec<String> {
+        lock(&self.inner.shared.received).clone()
+    }
+
     /// Back to the state right after start: counters, recorded requests and scripts cleared,
     /// held calls released, failure, latency and truncation as in the startup settings.
     pub fn reset(&self) {
@@ -279,6 +289,8 @@ struct Shared {
     failure: Mutex<Option<FailureMode>>,
     truncate_streams: AtomicBool,
     ledger: Mutex<Ledger>,
+    /// Every non-admin request line, billable or not (see [`MockProvider::received`]).
+    received: Mutex<Vec<String>>,
     /// The call counter lives in a watch channel so waiters are woken by each arrival.
     calls: watch::Sender<u64>,
     hold: watch::Sender<HoldState>,
@@ -320,6 +332,7 @@ impl Shared {
             failure: Mutex::new(settings.failure.clone()),
             truncate_streams: AtomicBool::new(false),
             ledger: Mutex::new(Ledger::default()),
+            received: Mutex::new(Vec::new()),
             calls: watch::Sender::new(0),
             hold: watch::Sender::new(HoldState::default()),
             stopping: CancellationToken::new(),
@@ -426,6 +439,7 @@ impl Shared {
         *ledger = Ledger::default();
         self.calls.send_replace(0);
         drop(ledger);
+        lock(&self.received).clear();
         self.set_hold(false);
         *lock(&self.failure) = self.settings.failure.clone();
         *lock(&self.latency) = self.settings.latency;

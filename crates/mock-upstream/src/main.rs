@@ -63,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
             retry_after: args.retry_after.map(Into::into),
             code: args.fail_code.clone(),
         }),
+        models: None,
     };
 
     let listener = TcpListener::bind(args.listen)

@@ -279,13 +279,23 @@ pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
     })))
 }
 
-/// `GET /v1/models`.
-pub(super) fn models() -> Value {
-    let data: Vec<Value> = MODELS
+/// `GET /v1/models`: `listed`, or the default models.
+pub(super) fn models(listed: Option<&[String]>) -> Value {
+    let ids: Vec<&str> = match listed {
+        Some(listed) => listed.iter().map(String::as_str).collect(),
+        None => MODELS.to_vec(),
+    };
+    let data: Vec<Value> = ids
         .iter()
         .map(|id| json!({"id": id, "object": "model", "created": MODELS_CREATED, "owned_by": "mock"}))
         .collect();
     json!({"object": "list", "data": data})
+}
+
+/// `POST /v1/audio/transcriptions`: the body is multipart (the audio file and the form
+/// fields); the "transcript" only tells how many bytes arrived.
+pub(super) fn transcription(body: &[u8]) -> Answer {
+    Answer::Json(json!({"text": format!("mock transcript of a {}-byte upload", body.len())}))
 }
 
 fn parse_object(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
