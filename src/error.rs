@@ -380,6 +380,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn relayed_provider_errors_tell_sdks_not_to_retry_on_top() {
+        let limited = GatewayError::Upstream {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            content_type: None,
+            retry_after: Some(HeaderValue::from_static("7")),
+            body: Bytes::new(),
+        }
+        .to_response();
+        assert_eq!(limited.headers()["x-should-retry"], "false");
+        assert_eq!(limited.headers()[header::RETRY_AFTER], "7");
+        let timeout = GatewayError::UpstreamTimeout {
+            upstream: "openai".into(),
+        }
+        .to_response();
+        assert_eq!(timeout.headers()["x-should-retry"], "false");
+        // corral's own refusals leave the SDK's retry decision alone.
+        let open = GatewayError::CircuitOpen {
+            upstream: "openai".into(),
+            retry_after: Duration::from_secs(1),
+        }
+        .to_response();
+        assert!(open.headers().get("x-should-retry").is_none());
+    }
+
     #[tokio::test]
     async fn internal_detail_stays_out_of_the_body() {
         let response = GatewayError::Internal(anyhow::anyhow!("secret detail")).to_response();

@@ -366,6 +366,37 @@ mod tests {
     }
 
     #[test]
+    fn only_provider_sickness_counts_against_the_breaker() {
+        let upstream = |status: u16| GatewayError::Upstream {
+            status: axum::http::StatusCode::from_u16(status).unwrap(),
+            content_type: None,
+            retry_after: None,
+            body: Default::default(),
+        };
+        for sick in [500, 502, 503, 504] {
+            assert!(is_upstream_failure(&upstream(sick)), "{sick}");
+        }
+        for callers_own in [400, 401, 403, 404, 409, 422, 429] {
+            assert!(
+                !is_upstream_failure(&upstream(callers_own)),
+                "{callers_own}"
+            );
+        }
+        let name = || "openai".to_owned();
+        assert!(is_upstream_failure(&GatewayError::UpstreamTimeout {
+            upstream: name()
+        }));
+        assert!(is_upstream_failure(&GatewayError::UpstreamUnreachable {
+            upstream: name(),
+            reason: "connection refused".into()
+        }));
+        assert!(!is_upstream_failure(&GatewayError::UpstreamInvalid {
+            upstream: name(),
+            reason: "response larger than 10 bytes".into()
+        }));
+    }
+
+    #[test]
     fn the_budget_allows_retries_in_proportion_to_first_attempts() {
         let clock = clock();
         let budget = RetryBudget::new(0.2, 0.0, clock.clone());

@@ -10,6 +10,7 @@ mod bad_input;
 mod cluster;
 mod dashboard;
 mod dedup;
+mod edges;
 mod fuzz_corpora;
 mod logs;
 mod metrics;

@@ -125,14 +125,14 @@ async fn the_openai_python_sdk_works_through_corral() {
 }
 
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
-struct Python {
+pub(crate) struct Python {
     pythonpath: Option<PathBuf>,
 }
 
 impl Python {
     /// The system's `openai` if it has one; else the one installed under the
     /// target directory by an earlier run; else installs it there now.
-    async fn with_openai() -> Self {
+    pub(crate) async fn with_openai() -> Self {
         let system = Self { pythonpath: None };
         if system.imports_openai().await {
             return system;
@@ -153,7 +153,7 @@ impl Python {
         installed
     }
 
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut command = Command::new("python3");
         if let Some(path) = &self.pythonpath {
             command.env("PYTHONPATH", path);
@@ -214,7 +214,7 @@ fn remove_dir(dir: &Path) {
 
 /// Runs `command` to completion within `timeout`, killing it on expiry (the
 /// dropped child is killed by `kill_on_drop`).
-async fn run(mut command: Command, timeout: Duration, what: &str) -> Output {
+pub(crate) async fn run(mut command: Command, timeout: Duration, what: &str) -> Output {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
