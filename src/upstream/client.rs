@@ -29,8 +29,7 @@ use crate::{
 #[derive(Debug)]
 struct Target {
     name: String,
-    /// Without a trailing slash; every request URL extends its path.
-    base_url: String,
+    /// Every request URL extends its path (`confined_url`).
     base: reqwest::Url,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
@@ -108,11 +107,9 @@ impl Upstream {
                     .pool_max_idle_per_host(256)
                     .tcp_nodelay(true)
                     .build()?;
-                let base_url = u.base_url.trim_end_matches('/').to_owned();
                 Ok(Target {
                     name: u.name.clone(),
-                    base: reqwest::Url::parse(&base_url)?,
-                    base_url,
+                    base: reqwest::Url::parse(&u.base_url)?,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
                     first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
@@ -313,7 +310,8 @@ impl Upstream {
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response, AttemptError> {
         let target = &self.targets[outbound.upstream];
-        let url = confined_url(target, outbound).map_err(AttemptError::fatal)?;
+        let url = confined_url(&target.base, &outbound.path, outbound.query.as_deref())
+            .map_err(AttemptError::fatal)?;
         let mut request = target.client.request(outbound.method.clone(), url);
         // Exactly one Content-Type: the caller's (a multipart boundary, say)
         // when it sent one, else JSON, what every deduplicated body is.
@@ -392,9 +390,14 @@ impl Upstream {
 /// must be a strict extension of the base URL's path on the same origin
 /// (`passthrough::ProxyPath` already refused every way out; this is the last
 /// word, for every caller of the client).
-fn confined_url(target: &Target, outbound: &Outbound) -> Result<reqwest::Url, GatewayError> {
-    let mut text = format!("{}{}", target.base_url, outbound.path);
-    if let Some(query) = &outbound.query {
+fn confined_url(
+    base: &reqwest::Url,
+    path: &str,
+    query: Option<&str>,
+) -> Result<reqwest::Url, GatewayError> {
+    let base_path = base.path().trim_end_matches('/');
+    let mut text = format!("{}{path}", base.as_str().trim_end_matches('/'));
+    if let Some(query) = query {
         text.push('?');
         text.push_str(query);
     }
@@ -402,13 +405,40 @@ fn confined_url(target: &Target, outbound: &Outbound) -> Result<reqwest::Url, Ga
         reason: "it leads outside the upstream's base_url",
     };
     let url = reqwest::Url::parse(&text).map_err(|_| refused())?;
-    let base_path = target.base.path().trim_end_matches('/');
-    let inside = url.origin() == target.base.origin()
+    let inside = url.origin() == base.origin()
         && url
             .path()
             .strip_prefix(base_path)
             .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'));
     if inside { Ok(url) } else { Err(refused()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_stay_below_the_base_path_on_its_origin() {
+        let base = reqwest::Url::parse("https://api.example.com/v1/").unwrap();
+        let url = confined_url(&base, "/files/f-1", Some("limit=2")).unwrap();
+        assert_eq!(url.as_str(), "https://api.example.com/v1/files/f-1?limit=2");
+        for path in [
+            "/../admin",
+            "/%2e%2e/admin",
+            "/a/../../admin",
+            "/",
+            "",
+            "@evil.com/x",
+        ] {
+            assert!(confined_url(&base, path, None).is_err(), "{path}");
+        }
+        let root = reqwest::Url::parse("http://127.0.0.1:9").unwrap();
+        assert!(confined_url(&root, "/models", None).is_ok());
+        assert!(
+            confined_url(&root, "/../models", None).is_ok(),
+            "the root is the root"
+        );
+    }
 }
 
 /// Connect errors and timeouts before any response are worth another attempt.

@@ -381,13 +381,13 @@ async fn the_openai_sdk_retries_multiply_nothing() {
         .find_map(|line| serde_json::from_str(line).ok())
         .unwrap_or_else(|| panic!("no JSON line: {stdout}\n{stderr}"));
     assert_eq!(result["error"], "RateLimitError", "{result}");
-    assert_eq!(result["x_should_retry"], "false", "{result}");
-    assert_eq!(result["retry_after"], "1", "the provider's Retry-After");
     assert_eq!(
         gateway.provider.calls(),
         max_attempts as u64,
-        "corral's attempts, not multiplied by the SDK's"
+        "corral's attempts, not multiplied by the SDK's: {result}"
     );
+    assert_eq!(result["x_should_retry"], "false", "{result}");
+    assert_eq!(result["retry_after"], "1", "the provider's Retry-After");
 }
 
 /// The binary on `yaml` with `env`; it must exit. Its exit code and stderr.
