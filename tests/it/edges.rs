@@ -508,3 +508,35 @@ async fn a_provider_redirect_is_relayed_not_followed() {
         "the key went nowhere else"
     );
 }
+
+#[tokio::test]
+async fn an_instances_open_circuit_is_not_recorded_for_the_cluster() {
+    let redis = RedisServer::spawn().await;
+    let fleet = crate::harness::Fleet::start(2, |config| {
+        config.redis = Some(corral::config::RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            ..Default::default()
+        });
+        config.cache.error_ttl = Duration::from_secs(60);
+        config.retry.max_attempts = 1;
+        config.upstreams[0].breaker_failures = 1;
+        config.upstreams[0].breaker_cool_down = Duration::from_secs(600);
+    })
+    .await;
+    let (a, b) = (&fleet.instances[0], &fleet.instances[1]);
+    fleet
+        .provider
+        .push_script(Scripted::json(503, error_body("overloaded")));
+    let opened = a
+        .post("/v1/chat/completions", &chat("opens a's circuit"))
+        .await;
+    assert_eq!(opened.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.state.upstream.circuit(0), CircuitState::Open);
+    let body = chat("asked on a, then on b");
+    let refused = a.post("/v1/chat/completions", &body).await;
+    assert_eq!(refused.json()["error"]["code"], "upstream_circuit_open");
+    // b's circuit is closed: a's local refusal must not answer for it.
+    let answered = b.post("/v1/chat/completions", &body).await;
+    assert_eq!(answered.status, StatusCode::OK, "{:?}", answered.body);
+}
