@@ -413,34 +413,6 @@ fn confined_url(
     if inside { Ok(url) } else { Err(refused()) }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_stay_below_the_base_path_on_its_origin() {
-        let base = reqwest::Url::parse("https://api.example.com/v1/").unwrap();
-        let url = confined_url(&base, "/files/f-1", Some("limit=2")).unwrap();
-        assert_eq!(url.as_str(), "https://api.example.com/v1/files/f-1?limit=2");
-        for path in [
-            "/../admin",
-            "/%2e%2e/admin",
-            "/a/../../admin",
-            "/",
-            "",
-            "@evil.com/x",
-        ] {
-            assert!(confined_url(&base, path, None).is_err(), "{path}");
-        }
-        let root = reqwest::Url::parse("http://127.0.0.1:9").unwrap();
-        assert!(confined_url(&root, "/models", None).is_ok());
-        assert!(
-            confined_url(&root, "/../models", None).is_ok(),
-            "the root is the root"
-        );
-    }
-}
-
 /// Connect errors and timeouts before any response are worth another attempt.
 fn classify_send_error(err: reqwest::Error, upstream: &str) -> AttemptError {
     if err.is_timeout() {
@@ -501,4 +473,32 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_stay_below_the_base_path_on_its_origin() {
+        let base = reqwest::Url::parse("https://api.example.com/v1/").unwrap();
+        let url = confined_url(&base, "/files/f-1", Some("limit=2")).unwrap();
+        assert_eq!(url.as_str(), "https://api.example.com/v1/files/f-1?limit=2");
+        for path in [
+            "/../admin",
+            "/%2e%2e/admin",
+            "/a/../../admin",
+            "/",
+            "",
+            "@evil.com/x",
+        ] {
+            assert!(confined_url(&base, path, None).is_err(), "{path}");
+        }
+        let root = reqwest::Url::parse("http://127.0.0.1:9").unwrap();
+        assert!(confined_url(&root, "/models", None).is_ok());
+        assert!(
+            confined_url(&root, "/../models", None).is_ok(),
+            "the root is the root"
+        );
+    }
 }
