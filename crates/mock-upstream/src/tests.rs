@@ -897,3 +897,66 @@ proptest! {
         );
     }
 }
+
+#[tokio::test]
+async fn every_request_line_is_noted_and_the_model_list_can_be_chosen() {
+    let mock = MockProvider::start(MockSettings {
+        models: Some(vec!["claude-3-haiku".into()]),
+        ..MockSettings::default()
+    })
+    .await
+    .expect("start");
+    let listed: Value = client()
+        .get(format!("{}/models", mock.base_url()))
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(listed["data"][0]["id"], "claude-3-haiku");
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(1));
+    let unknown = client()
+        .delete(format!("{}/files/f-1?x=1", mock.base_url()))
+        .send()
+        .await
+        .expect("unknown path");
+    assert_eq!(unknown.status().as_u16(), 404);
+    let upload = client()
+        .post(format!("{}/audio/transcriptions", mock.base_url()))
+        .header("content-type", "multipart/form-data; boundary=b")
+        .body("--b--\r\n")
+        .send()
+        .await
+        .expect("transcription");
+    assert_eq!(upload.status().as_u16(), 200);
+    client()
+        .post(format!("http://{}/__mock/reset", mock.addr()))
+        .send()
+        .await
+        .expect("admin");
+    // The reset cleared the notes; admin calls are never noted.
+    assert!(mock.received().is_empty());
+    post(&mock, "/embeddings", &json!({"model": "m", "input": "x"})).await;
+    assert_eq!(mock.received(), ["POST /v1/embeddings"]);
+}
+
+#[tokio::test]
+async fn request_lines_are_noted_in_order_until_a_reset() {
+    let mock = start().await;
+    client()
+        .get(format!("{}/models", mock.base_url()))
+        .send()
+        .await
+        .expect("models");
+    client()
+        .delete(format!("{}/files/f-1?x=1", mock.base_url()))
+        .send()
+        .await
+        .expect("unknown path");
+    assert_eq!(
+        mock.received(),
+        ["GET /v1/models", "DELETE /v1/files/f-1?x=1"]
+    );
+    assert_eq!(mock.calls(), 0, "neither is billable");
+}
