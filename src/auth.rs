@@ -11,7 +11,11 @@
 //! be linked back to an API key by anyone who does not hold the secret, not
 //! even by hashing a guessed key.
 
-use std::{collections::HashSet, fmt};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    sync::Arc,
+};
 
 use axum::http::{HeaderMap, header};
 use hmac::{Hmac, Mac};
@@ -70,7 +74,13 @@ pub struct Auth {
     /// Hashes of the accepted gateway keys; empty: auth is off.
     keys: HashSet<[u8; 32]>,
     tenant_key: Option<TenantKey>,
+    /// `auth.key_labels`: gateway key hash -> the tenant's name on `/stats`.
+    labels: HashMap<[u8; 32], Arc<str>>,
 }
+
+/// Characters of a tenant scope `/stats` shows for an unlabelled tenant: its
+/// tag and 12 hex digits, enough to tell tenants apart, too few to be a key.
+const SHORT_SCOPE: usize = 13;
 
 impl Auth {
     pub fn new(config: &Config) -> Self {
@@ -81,7 +91,35 @@ impl Auth {
                 .tenant_secret
                 .as_ref()
                 .map(|secret| TenantKey::new(secret.expose())),
+            labels: config
+                .auth
+                .labels_by_hash
+                .iter()
+                .map(|(hash, label)| (*hash, Arc::from(label.as_str())))
+                .collect(),
         }
+    }
+
+    /// The tenant's name on `/stats`: its gateway key's configured label, else
+    /// the short form of its scope (`scope` when the caller has it, else
+    /// derived here). Never the credential.
+    pub fn tenant_label(&self, headers: &HeaderMap, scope: Option<&TenantScope>) -> Arc<str> {
+        let credential = credential(headers).filter(|token| !token.is_empty());
+        if !self.labels.is_empty()
+            && let Some(label) = credential.and_then(|token| self.labels.get(&key_hash(token)))
+        {
+            return label.clone();
+        }
+        let derived;
+        let scope = match scope {
+            Some(scope) => scope,
+            None => {
+                derived = TenantScope::of_credential(self.tenant_key(), credential);
+                &derived
+            }
+        };
+        let text = scope.as_str();
+        Arc::from(&text[..text.len().min(SHORT_SCOPE)])
     }
 
     pub fn enabled(&self) -> bool {
@@ -152,6 +190,21 @@ mod tests {
             auth.authenticate(&headers(None)).unwrap().as_str(),
             "anonymous"
         );
+    }
+
+    #[test]
+    fn tenants_are_named_by_their_key_label_or_a_short_scope() {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.auth.labels_by_hash = vec![(key_hash(b"gw-team-a"), "team-a".to_owned())];
+        let auth = Auth::new(&config);
+        assert_eq!(&*auth.tenant_label(&headers(Some("Bearer gw-team-a")), None), "team-a");
+        let other = auth.tenant_label(&headers(Some("Bearer sk-other")), None);
+        assert_eq!(other.len(), SHORT_SCOPE);
+        assert!(other.starts_with('t'), "{other}");
+        assert!(!other.contains("sk-other"));
+        let scope = auth.authenticate(&headers(Some("Bearer sk-other"))).unwrap();
+        assert_eq!(auth.tenant_label(&headers(None), Some(&scope)), other);
+        assert_eq!(&*auth.tenant_label(&headers(None), None), "anonymous");
     }
 
     #[test]

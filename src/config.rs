@@ -84,6 +84,9 @@ pub struct Config {
     /// USD per million tokens by model, for the cost metrics (`/metrics`, `/stats`).
     #[serde(default)]
     pub pricing: PricingConfig,
+    /// The books behind `/stats`: the cluster ledger in Redis, tenant bounds.
+    #[serde(default)]
+    pub ledger: LedgerConfig,
     /// Absent: the embedded in-memory mode (one instance, local singleflight).
     #[serde(default)]
     pub redis: Option<RedisConfig>,
@@ -410,6 +413,12 @@ pub struct AuthConfig {
     /// provider key and no gateway key is set: anyone who reaches it spends
     /// that key. Off, such a start is refused (no accidental open relay).
     pub allow_anonymous: bool,
+    /// Names for gateway keys on `/stats`: label -> SHA-256 of the key (hex,
+    /// as in `keys`). A tenant without a label is shown as its scope's short hash.
+    pub key_labels: BTreeMap<String, String>,
+    /// Resolved at load from `key_labels`: key hash -> label.
+    #[serde(skip)]
+    pub labels_by_hash: Vec<([u8; 32], String)>,
     /// Resolved at load: every accepted key's hash, from `keys` and `keys_env`.
     #[serde(skip)]
     pub key_hashes: Vec<[u8; 32]>,
@@ -485,16 +494,59 @@ impl Default for LogConfig {
 /// The label a model gets when no price and no literal route names it; reserved.
 pub const OTHER_MODEL: &str = "other";
 
-/// Model prices for the cost metrics.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+/// Model prices for the cost metrics, over the embedded snapshot (`pricing.rs`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PricingConfig {
-    /// When the prices were read off the providers' price pages (shown on `/stats`).
+    /// When the prices below were read off the providers' price pages (shown on `/stats`).
     pub as_of: Option<String>,
-    /// Model name or glob -> price. Names match case-insensitively; an exact
-    /// name wins over a glob, and among globs the first listed wins, so list
+    /// Whether the embedded price snapshot (`pricing/genai-prices.json`) prices
+    /// the models `models` does not. Off: only `models` is priced.
+    pub snapshot: bool,
+    /// Model name or glob -> price, consulted before the embedded snapshot (an
+    /// entry here overrides it). Names match case-insensitively; an exact name
+    /// wins over a glob, and among globs the first listed wins, so list
     /// specific patterns before broad ones.
     pub models: PriceTable,
+}
+
+impl Default for PricingConfig {
+    fn default() -> Self {
+        Self {
+            as_of: None,
+            snapshot: true,
+            models: PriceTable::default(),
+        }
+    }
+}
+
+/// The books behind `/stats` (`ledger.rs`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerConfig {
+    /// How often each instance adds its counts into the Redis ledger (and reads
+    /// the cluster's totals back). Without Redis there is no ledger to flush.
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
+    /// The ledger's Redis keys expire this long after the last flush of any instance.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Distinct tenants counted by name, per instance and in the cluster
+    /// ledger; later ones are counted as `other`.
+    pub max_tenants: usize,
+    /// Tenants `/stats` lists by name (the most spent first); the rest are summed as `other`.
+    pub top_tenants: usize,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            flush_interval: Duration::from_secs(1),
+            retention: Duration::from_secs(400 * 24 * 3600),
+            max_tenants: 1000,
+            top_tenants: 10,
+        }
+    }
 }
 
 /// USD per million tokens.
@@ -506,10 +558,14 @@ pub struct ModelPrice {
     /// Completion (output) tokens; embeddings have none.
     #[serde(default)]
     pub output: f64,
-    /// Prompt tokens the provider read from its own prompt cache, where it
-    /// prices them apart (informational until `usage` carries cached tokens).
+    /// Prompt tokens read from the provider's own prompt cache (OpenAI
+    /// `cached_tokens`, Anthropic `cache_read_input_tokens`). Absent: billed as input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_input: Option<f64>,
+    /// Prompt tokens written into the provider's prompt cache (Anthropic
+    /// `cache_creation_input_tokens`). Absent: billed as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
 
 /// `pricing.models` in the order written: the order decides among globs, so a
@@ -653,6 +709,23 @@ impl Config {
                 )
             })?;
             auth.key_hashes.push(bytes);
+        }
+        auth.labels_by_hash.clear();
+        for (label, hash) in &auth.key_labels {
+            let mut bytes = [0u8; 32];
+            hex::decode_to_slice(hash.trim(), &mut bytes).map_err(|_| {
+                ConfigError::key(
+                    format!("auth.key_labels.{label}"),
+                    "must be the SHA-256 of a key, 64 hex digits (printf %s KEY | sha256sum)",
+                )
+            })?;
+            if label.is_empty() || label.len() > 64 || label == crate::ledger::OTHER {
+                return Err(ConfigError::key(
+                    format!("auth.key_labels.{label}"),
+                    "a label must be 1 to 64 characters and not `other`",
+                ));
+            }
+            auth.labels_by_hash.push((bytes, label.clone()));
         }
         if let Some(var) = &auth.keys_env {
             let keys = required(var, "auth.keys_env")?;
@@ -928,17 +1001,30 @@ impl Config {
                 ("input", Some(price.input)),
                 ("output", Some(price.output)),
                 ("cached_input", price.cached_input),
+                ("cache_write", price.cache_write),
             ];
             for (field, value) in fields {
                 if let Some(value) = value
-                    && !(value.is_finite() && value >= 0.0)
+                    && crate::pricing::picos_per_token(value).is_none()
                 {
                     return Err(ConfigError::key(
                         format!("{key}.{field}"),
-                        "must be a number >= 0 (USD per million tokens)",
+                        "must be a number >= 0 with at most 6 decimals (USD per million tokens)",
                     ));
                 }
             }
+        }
+        if self.ledger.flush_interval.is_zero() || self.ledger.retention < Duration::from_secs(60) {
+            return Err(ConfigError::key(
+                "ledger.flush_interval",
+                "flush_interval must be above zero and retention at least 1m",
+            ));
+        }
+        if self.ledger.max_tenants == 0 || self.ledger.top_tenants == 0 {
+            return Err(ConfigError::key(
+                "ledger.max_tenants",
+                "max_tenants and top_tenants must be at least 1",
+            ));
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::key("retry.max_attempts", "must be at least 1"));

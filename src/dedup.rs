@@ -18,7 +18,8 @@ use crate::{
     coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
-    metrics::{Metrics, ModelLabel},
+    config::CacheScope,
+    metrics::{Attribution, Metrics},
     request::DedupRequest,
     sse::{self, StreamLog},
     state::AppState,
@@ -50,7 +51,7 @@ pub async fn serve(
         app.request_rules(),
     )?;
     let fingerprint = request.fingerprint;
-    let model = app.metrics.model(&request.model);
+    let bill = attribution(&app, &request, &headers);
     let outbound = Outbound {
         upstream: request.upstream,
         method: Method::POST,
@@ -64,11 +65,11 @@ pub async fn serve(
     if request.policy.bypass {
         let mut response = async {
             if request.stream {
-                stream_through(&app, &outbound, &model).await
+                stream_through(&app, &outbound, &bill).await
             } else {
-                let buffered = app.upstream.call_buffered(&outbound, &model).await?;
+                let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
                 let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
-                app.metrics.upstream_usage(&model, shared.usage);
+                app.metrics.upstream_usage(&bill, shared.usage);
                 Ok(response_from(&shared))
             }
         }
@@ -87,10 +88,10 @@ pub async fn serve(
         fingerprint,
     };
     if request.stream {
-        return serve_stream(app, request, outbound, key).await;
+        return serve_stream(app, request, outbound, key, bill).await;
     }
 
-    let loader = upstream_loader(app.clone(), outbound, endpoint, model.clone());
+    let loader = upstream_loader(app.clone(), outbound, endpoint, bill.clone());
     let served = app
         .coalescer
         .get_or_fetch(key, request.policy, loader)
@@ -103,7 +104,7 @@ pub async fn serve(
             age,
         }) => {
             tracing::debug!(cache = status.as_str(), fingerprint = %fingerprint.short_hex(), "served");
-            app.metrics.served(&model, status, shared.usage);
+            app.metrics.served(&bill, status, shared.usage);
             let mut response = response_from(&shared);
             set_status_headers(response.headers_mut(), &request, status, stored, age);
             Ok(response)
@@ -119,6 +120,19 @@ pub async fn serve(
     }
 }
 
+/// Whom the request's answer is billed to (metrics and `/stats` attribution).
+fn attribution(app: &AppState, request: &DedupRequest, headers: &HeaderMap) -> Attribution {
+    // With per-tenant caching the request's scope is the caller's own; with a
+    // global cache it is not, and the label derives the caller's.
+    let own_scope = (app.config.cache.scope == CacheScope::Tenant).then_some(&request.scope);
+    Attribution {
+        model: app.metrics.model(&request.model),
+        tenant: app.auth.tenant_label(headers, own_scope),
+        upstream: app.upstream_names[request.upstream].as_str().into(),
+        endpoint: request.endpoint.label(),
+    }
+}
+
 /// A streaming caller's answer: the flight's live log when the flight streams,
 /// else the complete (or cached) answer replayed as a valid SSE sequence. Every
 /// caller of one flight reads the same events, byte for byte.
@@ -127,6 +141,7 @@ async fn serve_stream(
     request: DedupRequest,
     mut outbound: Outbound,
     key: CacheKey,
+    bill: Attribution,
 ) -> Result<Response, GatewayError> {
     let body: serde_json::Map<String, Value> = serde_json::from_slice(&request.raw_body)
         .map_err(|err| GatewayError::invalid(err.to_string()))?;
@@ -135,8 +150,7 @@ async fn serve_stream(
     let upstream_request = sse::force_include_usage(&body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
-    let model = app.metrics.model(&request.model);
-    let loader = stream_loader(app.clone(), outbound, request.endpoint, model.clone());
+    let loader = stream_loader(app.clone(), outbound, request.endpoint, bill.clone());
     let answer = app
         .coalescer
         .answer(key, request.policy, loader, true)
@@ -165,7 +179,7 @@ async fn serve_stream(
             let events = sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?;
             let log = StreamLog::replay(events);
             app.metrics
-                .served(&model, served.status, served.response.usage);
+                .served(&bill, served.status, served.response.usage);
             (
                 log.reader(caller_usage),
                 served.status,
@@ -186,7 +200,7 @@ async fn serve_stream(
     let events =
         reader
             .into_stream()
-            .chain(count_live_saving(app.metrics.clone(), live_saving, model));
+            .chain(count_live_saving(app.metrics.clone(), live_saving, bill));
     let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -206,19 +220,19 @@ fn stream_loader(
     app: Arc<AppState>,
     outbound: Outbound,
     endpoint: Endpoint,
-    model: ModelLabel,
+    bill: Attribution,
 ) -> Loader {
     let outbound = Arc::new(outbound);
     Arc::new(move |publisher: StreamPublisher| {
         let app = app.clone();
         let outbound = outbound.clone();
-        let model = model.clone();
+        let bill = bill.clone();
         Box::pin(async move {
             let started = std::time::Instant::now();
             let upstream = app.upstream.name(outbound.upstream).to_owned();
             let response = app
                 .upstream
-                .call_streaming_billed(&outbound, &model)
+                .call_streaming_billed(&outbound, &bill.model)
                 .await?;
             let (log, writer) = StreamLog::new(app.config.limits.max_response_bytes);
             publisher.publish(log.clone());
@@ -230,7 +244,7 @@ fn stream_loader(
                     // Every reader left and nobody waits for the complete answer: stop the spend.
                     _ = abandoned(&log, &publisher) => {
                         // Paid for, up to where it stopped; how much is unknown.
-                        app.metrics.upstream_usage(&model, None);
+                        app.metrics.upstream_usage(&bill, None);
                         return Err(GatewayError::UpstreamInvalid {
                             upstream,
                             reason: "stream cancelled: every caller left".to_owned(),
@@ -241,7 +255,7 @@ fn stream_loader(
                 relay.await
             };
             // The stream was paid for whether or not it completed.
-            app.metrics.upstream_usage(&model, summary.usage);
+            app.metrics.upstream_usage(&bill, summary.usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -280,7 +294,7 @@ fn stream_loader(
 fn count_live_saving(
     metrics: Metrics,
     log: Option<StreamLog>,
-    model: ModelLabel,
+    bill: Attribution,
 ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     futures::stream::once(async move {
         if let Some(log) = log
@@ -291,7 +305,7 @@ fn count_live_saving(
                 let json = event.strip_prefix(b"data: ")?;
                 Usage::from_body(json)
             });
-            metrics.served(&model, CacheStatus::Coalesced, usage);
+            metrics.served(&bill, CacheStatus::Coalesced, usage);
         }
     })
     .filter_map(|()| async { None })
@@ -314,19 +328,19 @@ fn upstream_loader(
     app: Arc<AppState>,
     outbound: Outbound,
     endpoint: Endpoint,
-    model: ModelLabel,
+    bill: Attribution,
 ) -> Loader {
-    let model = Arc::new(model);
+    let bill = Arc::new(bill);
     let outbound = Arc::new(outbound);
     Arc::new(move |_publisher| {
         let app = app.clone();
         let outbound = outbound.clone();
-        let model = model.clone();
+        let bill = bill.clone();
         Box::pin(async move {
-            let buffered = app.upstream.call_buffered(&outbound, &model).await?;
+            let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
             let cacheable = is_complete(endpoint, &buffered.body);
             let response = shared_response(buffered.status, &buffered.headers, buffered.body);
-            app.metrics.upstream_usage(&model, response.usage);
+            app.metrics.upstream_usage(&bill, response.usage);
             Ok(Loaded {
                 response,
                 cacheable,
@@ -432,10 +446,10 @@ fn header_value(text: &str) -> HeaderValue {
 async fn stream_through(
     app: &AppState,
     outbound: &Outbound,
-    model: &ModelLabel,
+    bill: &Attribution,
 ) -> Result<Response, GatewayError> {
-    let upstream = app.upstream.call_streaming_billed(outbound, model).await?;
-    app.metrics.upstream_usage(model, None);
+    let upstream = app.upstream.call_streaming_billed(outbound, &bill.model).await?;
+    app.metrics.upstream_usage(bill, None);
     let status = upstream.status();
     let content_type = upstream
         .headers()

@@ -13,15 +13,18 @@ pub mod crypto;
 pub mod dedup;
 pub mod error;
 pub mod fingerprint;
+pub mod ledger;
 pub mod limits;
 pub mod metrics;
 pub mod passthrough;
+pub mod pricing;
 pub mod request;
 pub mod server;
 pub mod sse;
 pub mod state;
 pub mod telemetry;
 pub mod upstream;
+pub mod usage;
 pub mod validate;
 
 pub use config::Config;

@@ -78,6 +78,12 @@ pub async fn serve(
     drop(listener);
     tracing::info!("shutting down: no new connections; draining");
     drain(&state, graceful).await;
+    // What was counted since the last flush reaches the cluster ledger (one
+    // Redis round trip, bounded by redis.op_timeout; a failure loses only this
+    // instance's last second of counts).
+    if state.flush_ledger().await.is_err() {
+        tracing::warn!("the last counts could not be added to the cluster ledger");
+    }
     Ok(())
 }
 

@@ -12,9 +12,10 @@ use crate::{
     auth::Auth,
     cache::{CacheStore, MemoryStore, TieredStore, TtlPolicy},
     clock::{Clock, SystemClock},
-    cluster::Cluster,
+    cluster::{Cluster, RedisLedger},
     coalesce::{Coalescer, FlightContext},
     config::Config,
+    ledger::{self, LedgerStore},
     limits::Limits,
     metrics::Metrics,
     passthrough::Policy,
@@ -45,11 +46,29 @@ pub struct AppState {
     pub limits: Limits,
     /// Cancelled when the shutdown drain times out: running upstream calls end.
     pub cut_upstream: CancellationToken,
-    /// Stops the background loops (Redis subscriber, prober) with the state.
+    /// The cluster ledger `/stats` reads, when Redis is configured.
+    pub ledger: Option<Arc<dyn LedgerStore>>,
+    /// Stops the background loops (Redis subscriber, prober, ledger flusher) with the state.
     _background: DropGuard,
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl AppState {
+    /// Adds this instance's pending counts into the cluster ledger now and
+    /// reads the totals back (also done every `ledger.flush_interval`, and at
+    /// shutdown). Without Redis there is nothing to flush.
+    pub async fn flush_ledger(&self) -> Result<(), ledger::LedgerUnavailable> {
+        match &self.ledger {
+            Some(store) => self.metrics.books().flush(&**store, unix_ms()).await,
+            None => Ok(()),
+        }
+    }
+
     /// What `DedupRequest::parse` holds requests to: cache settings, input
     /// limits and the tenant key.
     pub fn request_rules(&self) -> crate::request::RequestRules<'_> {
@@ -72,6 +91,21 @@ impl AppState {
             .redis
             .as_ref()
             .map(|redis| Cluster::start(redis, background.clone(), metrics.clone()));
+        let ledger = cluster.as_ref().map(|cluster| {
+            let store: Arc<dyn LedgerStore> = Arc::new(RedisLedger::new(
+                cluster.clone(),
+                config.ledger.retention,
+                config.ledger.max_tenants,
+            ));
+            tokio::spawn(ledger::run_flusher(
+                metrics.books().clone(),
+                store.clone(),
+                config.ledger.flush_interval,
+                background.clone(),
+                unix_ms,
+            ));
+            store
+        });
         let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
             (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
                 config.cache.max_entries,
@@ -125,6 +159,7 @@ impl AppState {
             cache,
             coalescer,
             cluster,
+            ledger,
             clock,
             tasks,
             config,

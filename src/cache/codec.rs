@@ -246,6 +246,7 @@ mod tests {
                 usage: Some(Usage {
                     prompt_tokens: 3,
                     completion_tokens: 5,
+                    ..Usage::default()
                 }),
             }),
             stored_at_ms: 10,

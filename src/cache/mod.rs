@@ -16,6 +16,7 @@ pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::MemoryStore;
 pub use tiered::TieredStore;
 
+pub use crate::usage::Usage;
 use crate::fingerprint::CacheKey;
 
 /// A complete upstream response, shared by every caller it answers: the body is
@@ -29,33 +30,6 @@ pub struct StoredResponse {
     /// The provider's token accounting, read once when the response arrived
     /// (`None` when it sent none: counted as unknown, never invented).
     pub usage: Option<Usage>,
-}
-
-/// Tokens a response cost, from its `usage` object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-}
-
-impl Usage {
-    /// Reads `usage` from a response body; embeddings report only prompt tokens.
-    pub fn from_body(body: &[u8]) -> Option<Self> {
-        #[derive(serde::Deserialize)]
-        struct Envelope {
-            usage: Option<Raw>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Raw {
-            prompt_tokens: Option<u64>,
-            completion_tokens: Option<u64>,
-        }
-        let usage = serde_json::from_slice::<Envelope>(body).ok()?.usage?;
-        Some(Self {
-            prompt_tokens: usage.prompt_tokens?,
-            completion_tokens: usage.completion_tokens.unwrap_or(0),
-        })
-    }
 }
 
 /// A stored response with its timeline, in the clock's milliseconds.

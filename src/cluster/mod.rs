@@ -9,6 +9,7 @@
 
 mod announce;
 mod connection;
+mod ledger;
 
 use std::{
     collections::HashMap,
@@ -29,6 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use announce::Interest;
+pub use ledger::{RedisLedger, ledger_key};
 use announce::{Dispatch, run_subscriber};
 use connection::LazyConn;
 

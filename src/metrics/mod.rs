@@ -1,9 +1,14 @@
-//! Tokens and cost, spent and saved: the Prometheus metrics of one gateway.
+//! Tokens and cost, spent and saved: the Prometheus metrics of one gateway,
+//! and the books (`ledger.rs`) `/stats` reads.
 //!
 //! [`Metrics`] owns its own `prometheus-client` registry (no global recorder),
 //! so every `AppState` counts alone: the integration tests run many gateways in
-//! one process and assert exact numbers. `/metrics` encodes the registry,
-//! `/stats` reads the same counters back ([`Stats`]), so the two cannot disagree.
+//! one process and assert exact numbers. Every event is counted once, here,
+//! into both the registry (`/metrics`: this instance) and the [`Books`]
+//! (`/stats`: the cluster's totals when the ledger is in Redis, else this
+//! instance's). Money is counted in integer picodollars by the books, and
+//! `corral_cost_usd_total` is encoded from them at scrape time, so it never
+//! accumulates float error.
 //!
 //! Where the numbers come from:
 //! - every upstream call, once per call (never per waiter): `upstream_call`
@@ -14,22 +19,25 @@
 //! - every request to a deduplicated endpoint: `request` (cache status, latency).
 //!
 //! A response without `usage` is counted in `corral_usage_unknown_total`, and
-//! adds no tokens and no cost: nothing is invented. Labels are bounded: the
-//! model label comes from [`ModelTable`], the upstream label from the config.
+//! adds no tokens and no cost: nothing is invented. Tokens of a model without a
+//! price are counted, and also on `corral_unpriced_tokens_total`. Labels are
+//! bounded: the model label comes from [`ModelTable`], the upstream label from
+//! the config; tenants are never a Prometheus label (they are on `/stats`).
 
 mod models;
 mod stats;
 
 use std::{
     fmt,
-    sync::{Arc, Mutex, PoisonError, atomic::AtomicU64},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{
-        counter::Counter,
+        counter::{ConstCounter, Counter},
         family::Family,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
@@ -39,11 +47,17 @@ use prometheus_client::{
 
 pub use models::{ModelLabel, ModelTable};
 pub use stats::{
-    CostSides, History, ModelStats, Point, RequestStats, SavedStats, Stats, TokenSides, Tokens,
-    UpstreamStats, UsageUnknown,
+    CostSides, History, ModelStats, NanoSides, PartyStats, Point, PricingStats, RequestStats,
+    SavedStats, SnapshotStats, Stats, TokenSides, Tokens, UpstreamStats, UsageUnknown,
 };
 
-use crate::{cache::Usage, coalesce::CacheStatus, config::Config};
+use crate::{
+    coalesce::CacheStatus,
+    config::Config,
+    ledger::{Account, Books, Measure, Party, Side},
+    pricing::{PicoUsd, Snapshot},
+    usage::Usage,
+};
 
 /// The Prometheus text format (0.0.4) content type `/metrics` answers with.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -56,10 +70,6 @@ pub const ENDPOINT_LABELS: [&str; 3] = ["chat", "completions", "embeddings"];
 /// `via` label values of `corral_saved_responses_total`.
 pub const VIA_LABELS: [&str; 3] = ["hit", "stale", "coalesced"];
 
-const UPSTREAM: &str = "upstream";
-const SAVED: &str = "saved";
-const PROMPT: &str = "prompt";
-const COMPLETION: &str = "completion";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -92,6 +102,15 @@ struct SourceLabels {
     source: &'static str,
 }
 
+/// `gen_ai.client.token.usage` in Prometheus form (OpenTelemetry GenAI conventions).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[allow(clippy::struct_field_names)]
+struct GenAiLabels {
+    gen_ai_operation_name: &'static str,
+    gen_ai_request_model: Arc<str>,
+    gen_ai_token_type: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SavedLabels {
     model: Arc<str>,
@@ -108,6 +127,23 @@ fn request_histogram() -> Histogram {
 /// 25 ms to ~400 s: one upstream call, all attempts and backoff included.
 fn upstream_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.025, 2.0, 15))
+}
+
+/// `gen_ai.client.token.usage`'s advised buckets: 1 to 4^13 tokens.
+fn token_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 4.0, 14))
+}
+
+/// Whom one answer is billed to: its model (with the price), the tenant that
+/// asked, the upstream that answered, and the endpoint. Built once per request.
+#[derive(Debug, Clone)]
+pub struct Attribution {
+    pub model: ModelLabel,
+    /// The tenant's configured label, or its scope's short hash (`/stats` only).
+    pub tenant: Arc<str>,
+    pub upstream: Arc<str>,
+    /// `Endpoint::label`: `chat`, `completions` or `embeddings`.
+    pub endpoint: &'static str,
 }
 
 /// What the scrape reads from the running gateway (the flights, the cache)
@@ -135,20 +171,23 @@ impl fmt::Debug for Metrics {
 struct Inner {
     registry: Registry,
     models: ModelTable,
-    upstreams: Vec<String>,
     pricing_as_of: Option<String>,
+    snapshot: Option<&'static Snapshot>,
+    /// Entries of `pricing.models`.
+    configured_prices: usize,
+    /// Tenants `/stats` names; the rest are summed as `other`.
+    top_tenants: usize,
+    books: Arc<Books>,
     started: Instant,
     started_at_ms: u64,
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RequestLabels>,
     upstream_requests: Family<UpstreamCallLabels, Counter>,
-    /// The label sets `upstream_requests` has, for `/stats` (the family cannot
-    /// be walked). Bounded like the labels themselves.
-    upstream_seen: Mutex<Vec<UpstreamCallLabels>>,
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
     tokens: Family<TokenLabels, Counter>,
-    cost: Family<SourceLabels, Counter<f64, AtomicU64>>,
+    unpriced_tokens: Family<SourceLabels, Counter>,
+    gen_ai_tokens: HistogramFamily<GenAiLabels>,
     usage_unknown: Family<SourceLabels, Counter>,
     saved_responses: Family<SavedLabels, Counter>,
     in_flight: Gauge,
@@ -167,6 +206,7 @@ fn unix_ms() -> u64 {
 
 impl Metrics {
     pub fn new(config: &Config) -> Self {
+        let snapshot = config.pricing.snapshot.then(crate::pricing::snapshot);
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -203,14 +243,21 @@ impl Metrics {
         let tokens = Family::<TokenLabels, Counter>::default();
         registry.register(
             "corral_tokens",
-            "Tokens from the provider's usage: source=upstream were paid for, source=saved were served without a call",
+            "Tokens from the provider's usage, by billed kind (input, cached_input, cache_write, output, reasoning; disjoint, so they sum to all tokens): source=upstream were paid for, source=saved were served without a call",
             tokens.clone(),
         );
-        let cost = Family::<SourceLabels, Counter<f64, AtomicU64>>::default();
+        let unpriced_tokens = Family::<SourceLabels, Counter>::default();
         registry.register(
-            "corral_cost_usd",
-            "USD at the configured prices: source=upstream spent, source=saved not spent",
-            cost.clone(),
+            "corral_unpriced_tokens",
+            "Tokens of answers from a model with no price (in neither pricing.models nor the snapshot): their cost is unknown and not in corral_cost_usd_total",
+            unpriced_tokens.clone(),
+        );
+        let gen_ai_tokens: HistogramFamily<GenAiLabels> =
+            Family::new_with_constructor(token_histogram);
+        registry.register(
+            "gen_ai_client_token_usage",
+            "OpenTelemetry GenAI gen_ai.client.token.usage: tokens per upstream answer, by gen_ai.token.type (input includes cached input, output includes reasoning)",
+            gen_ai_tokens.clone(),
         );
         let usage_unknown = Family::<SourceLabels, Counter>::default();
         registry.register(
@@ -249,6 +296,9 @@ impl Metrics {
             redis_errors.clone(),
         );
 
+        let books = Arc::new(Books::new(config.ledger.max_tenants));
+        registry.register_collector(Box::new(CostCollector(books.clone())));
+
         let upstreams: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
         // Series that exist from the start, so rates and ratios are defined
         // before the first request of each kind.
@@ -266,19 +316,22 @@ impl Metrics {
         Self {
             inner: Arc::new(Inner {
                 registry,
-                models: ModelTable::new(&config.pricing, &config.upstreams),
-                upstreams,
+                models: ModelTable::new(&config.pricing, snapshot, &config.upstreams),
                 pricing_as_of: config.pricing.as_of.clone(),
+                snapshot,
+                configured_prices: config.pricing.models.0.len(),
+                top_tenants: config.ledger.top_tenants,
+                books,
                 started: Instant::now(),
                 started_at_ms,
                 requests,
                 request_duration,
                 upstream_requests,
-                upstream_seen: Mutex::default(),
                 upstream_retries,
                 upstream_duration,
                 tokens,
-                cost,
+                unpriced_tokens,
+                gen_ai_tokens,
                 usage_unknown,
                 saved_responses,
                 in_flight,
@@ -295,6 +348,11 @@ impl Metrics {
         self.inner.models.label(model)
     }
 
+    /// The books `/stats` reads and the ledger flusher sends to Redis.
+    pub fn books(&self) -> &Arc<Books> {
+        &self.inner.books
+    }
+
     /// A finished request to a deduplicated endpoint. `cache` is one of
     /// [`CACHE_LABELS`]; anything else counts as `ERROR`.
     pub fn request(&self, endpoint: &'static str, cache: &str, elapsed: Duration) {
@@ -308,6 +366,13 @@ impl Metrics {
             .request_duration
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
+        self.inner.books.post([(
+            Account::Requests {
+                endpoint: endpoint.into(),
+                cache: cache.into(),
+            },
+            1,
+        )]);
     }
 
     /// One upstream call, all its attempts together: `status` is the final
@@ -325,17 +390,28 @@ impl Metrics {
             model: model.shared_name(),
             status: status.to_owned(),
         };
-        if self.inner.upstream_requests.get(&labels).is_none() {
-            let mut seen = lock(&self.inner.upstream_seen);
-            if !seen.contains(&labels) {
-                seen.push(labels.clone());
-            }
-        }
         self.inner.upstream_requests.get_or_create(&labels).inc();
+        let retries = u64::try_from(attempts.saturating_sub(1)).unwrap_or(u64::MAX);
+        let upstream_name: Arc<str> = upstream.into();
+        self.inner.books.post([
+            (
+                Account::Calls {
+                    upstream: upstream_name.clone(),
+                    model: model.shared_name(),
+                    status: status.into(),
+                },
+                1,
+            ),
+            (
+                Account::Retries {
+                    upstream: upstream_name,
+                },
+                u128::from(retries),
+            ),
+        ]);
         let upstream = UpstreamLabels {
             upstream: upstream.to_owned(),
         };
-        let retries = u64::try_from(attempts.saturating_sub(1)).unwrap_or(u64::MAX);
         self.inner
             .upstream_retries
             .get_or_create(&upstream)
@@ -347,14 +423,30 @@ impl Metrics {
     }
 
     /// The usage of one upstream response (`None`: the provider sent none).
-    pub fn upstream_usage(&self, model: &ModelLabel, usage: Option<Usage>) {
-        self.add_usage(model, UPSTREAM, usage);
+    pub fn upstream_usage(&self, who: &Attribution, usage: Option<Usage>) {
+        if let Some(usage) = &usage {
+            let operation = gen_ai_operation(who.endpoint);
+            for (token_type, tokens) in [
+                ("input", usage.prompt_tokens),
+                ("output", usage.completion_tokens),
+            ] {
+                self.inner
+                    .gen_ai_tokens
+                    .get_or_create(&GenAiLabels {
+                        gen_ai_operation_name: operation,
+                        gen_ai_request_model: who.model.shared_name(),
+                        gen_ai_token_type: token_type,
+                    })
+                    .observe(tokens as f64);
+            }
+        }
+        self.add_usage(who, Side::Upstream, usage);
     }
 
     /// A response served to a caller. HIT, STALE and COALESCED were served
     /// without this caller's own upstream call: their usage is saved. MISS and
     /// BYPASS were paid for where the upstream call was made, so add nothing here.
-    pub fn served(&self, model: &ModelLabel, status: CacheStatus, usage: Option<Usage>) {
+    pub fn served(&self, who: &Attribution, status: CacheStatus, usage: Option<Usage>) {
         let via = match status {
             CacheStatus::Hit => "hit",
             CacheStatus::Stale => "stale",
@@ -364,11 +456,18 @@ impl Metrics {
         self.inner
             .saved_responses
             .get_or_create(&SavedLabels {
-                model: model.shared_name(),
+                model: who.model.shared_name(),
                 via,
             })
             .inc();
-        self.add_usage(model, SAVED, usage);
+        self.inner.books.post([(
+            Account::Saved {
+                model: who.model.shared_name(),
+                via: via.into(),
+            },
+            1,
+        )]);
+        self.add_usage(who, Side::Saved, usage);
     }
 
     /// A Redis operation failed or timed out.
@@ -376,40 +475,89 @@ impl Metrics {
         self.inner.redis_errors.inc();
     }
 
-    fn add_usage(&self, model: &ModelLabel, source: &'static str, usage: Option<Usage>) {
-        let name = model.shared_name();
+    /// Tokens, cost and attribution of one answer, into the registry and the
+    /// books (one lock for all of its lines).
+    fn add_usage(&self, who: &Attribution, side: Side, usage: Option<Usage>) {
+        let model = who.model.shared_name();
+        let source = side.label();
+        let by = |party: Party, name: &Arc<str>, measure: Measure, amount: u128| {
+            (
+                Account::By {
+                    party,
+                    side,
+                    measure,
+                    name: name.clone(),
+                },
+                amount,
+            )
+        };
+        let answered = [
+            by(Party::Tenant, &who.tenant, Measure::Answers, 1),
+            by(Party::Upstream, &who.upstream, Measure::Answers, 1),
+        ];
         let Some(usage) = usage else {
             self.inner
                 .usage_unknown
                 .get_or_create(&SourceLabels {
-                    model: name,
+                    model: model.clone(),
                     source,
                 })
                 .inc();
+            self.inner
+                .books
+                .post(answered.into_iter().chain([(Account::UsageUnknown { side, model }, 1)]));
             return;
         };
-        for (kind, count) in [
-            (PROMPT, usage.prompt_tokens),
-            (COMPLETION, usage.completion_tokens),
-        ] {
+        let mut lines = Vec::with_capacity(14);
+        lines.extend(answered);
+        for (kind, tokens) in usage.billed() {
+            if tokens == 0 {
+                continue;
+            }
             self.inner
                 .tokens
                 .get_or_create(&TokenLabels {
-                    model: name.clone(),
+                    model: model.clone(),
+                    kind: kind.label(),
+                    source,
+                })
+                .inc_by(tokens);
+            lines.push((
+                Account::Tokens {
+                    side,
                     kind,
-                    source,
-                })
-                .inc_by(count);
+                    model: model.clone(),
+                },
+                u128::from(tokens),
+            ));
         }
-        if let Some(cost) = model.cost_usd(usage) {
-            self.inner
-                .cost
-                .get_or_create(&SourceLabels {
-                    model: name,
-                    source,
-                })
-                .inc_by(cost);
+        let total = u128::from(usage.total());
+        lines.push(by(Party::Tenant, &who.tenant, Measure::Tokens, total));
+        lines.push(by(Party::Upstream, &who.upstream, Measure::Tokens, total));
+        match who.model.cost(&usage) {
+            Some(PicoUsd(cost)) => {
+                lines.push((
+                    Account::Cost {
+                        side,
+                        model: model.clone(),
+                    },
+                    cost,
+                ));
+                lines.push(by(Party::Tenant, &who.tenant, Measure::Cost, cost));
+                lines.push(by(Party::Upstream, &who.upstream, Measure::Cost, cost));
+            }
+            None => {
+                self.inner
+                    .unpriced_tokens
+                    .get_or_create(&SourceLabels {
+                        model: model.clone(),
+                        source,
+                    })
+                    .inc_by(usage.total());
+                lines.push((Account::Unpriced { side, model }, total));
+            }
         }
+        self.inner.books.post(lines);
     }
 
     /// Sets the gauges read from the running gateway; call before `encode`/`stats`.
@@ -432,6 +580,51 @@ impl Metrics {
     }
 }
 
+/// `gen_ai.operation.name` of an endpoint.
+fn gen_ai_operation(endpoint: &str) -> &'static str {
+    match endpoint {
+        "chat" => "chat",
+        "completions" => "text_completion",
+        "embeddings" => "embeddings",
+        _ => "other",
+    }
+}
+
+/// `corral_cost_usd_total`, encoded at each scrape from the books' integer
+/// picodollars (this instance's), so the float is made once, at the edge.
+#[derive(Debug)]
+struct CostCollector(Arc<Books>);
+
+impl Collector for CostCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let mut costs: Vec<(SourceLabels, PicoUsd)> = Vec::new();
+        self.0.for_each_local(|account, amount| {
+            if let Account::Cost { side, model } = account {
+                let labels = SourceLabels {
+                    model: model.clone(),
+                    source: side.label(),
+                };
+                costs.push((labels, PicoUsd(amount)));
+            }
+        });
+        if costs.is_empty() {
+            return Ok(());
+        }
+        costs.sort_by(|a, b| (&a.0.model, a.0.source).cmp(&(&b.0.model, b.0.source)));
+        let counter = ConstCounter::new(0.0_f64);
+        let mut family = encoder.encode_descriptor(
+            "corral_cost_usd",
+            "USD at the model's price (pricing.models, else the embedded snapshot), this instance: source=upstream spent, source=saved not spent",
+            None,
+            counter.metric_type(),
+        )?;
+        for (labels, cost) in costs {
+            ConstCounter::new(cost.as_usd()).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The guarded data stays consistent at every step, so a panic elsewhere
     // does not make it unusable.
@@ -451,21 +644,34 @@ mod tests {
                 input: 0.15,
                 output: 0.6,
                 cached_input: None,
+                cache_write: None,
             },
         )]);
+        config.pricing.snapshot = false;
         Metrics::new(&config)
+    }
+
+    fn bill(metrics: &Metrics, model: &str) -> Attribution {
+        Attribution {
+            model: metrics.model(model),
+            tenant: "team-a".into(),
+            upstream: "mock".into(),
+            endpoint: "chat",
+        }
     }
 
     const USAGE: Usage = Usage {
         prompt_tokens: 8,
         completion_tokens: 7,
+        cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     };
 
     #[test]
     fn each_gateway_counts_alone() {
         let (a, b) = (metrics(), metrics());
-        let model = a.model("gpt-4o-mini");
-        a.served(&model, CacheStatus::Hit, Some(USAGE));
+        a.served(&bill(&a, "gpt-4o-mini"), CacheStatus::Hit, Some(USAGE));
         assert_eq!(a.stats().saved_responses.total, 1);
         assert_eq!(b.stats().saved_responses.total, 0);
     }
@@ -473,48 +679,56 @@ mod tests {
     #[test]
     fn miss_and_bypass_add_nothing_to_the_saved_side() {
         let metrics = metrics();
-        let model = metrics.model("gpt-4o-mini");
-        metrics.served(&model, CacheStatus::Miss, Some(USAGE));
-        metrics.served(&model, CacheStatus::Bypass, Some(USAGE));
-        metrics.served(&model, CacheStatus::Coalesced, Some(USAGE));
-        metrics.served(&model, CacheStatus::Stale, None);
+        let who = bill(&metrics, "gpt-4o-mini");
+        metrics.served(&who, CacheStatus::Miss, Some(USAGE));
+        metrics.served(&who, CacheStatus::Bypass, Some(USAGE));
+        metrics.served(&who, CacheStatus::Coalesced, Some(USAGE));
+        metrics.served(&who, CacheStatus::Stale, None);
         let stats = metrics.stats();
+        assert_eq!(stats.scope, crate::ledger::Scope::Instance);
         assert_eq!(stats.saved_responses.total, 2);
         assert_eq!(stats.saved_responses.coalesced, 1);
         assert_eq!(stats.saved_responses.stale, 1);
         assert_eq!(
-            stats.tokens.saved,
-            Tokens {
-                prompt: 8,
-                completion: 7
-            }
+            (stats.tokens.saved.prompt, stats.tokens.saved.completion),
+            (8, 7)
         );
         assert_eq!(
             stats.usage_unknown.saved, 1,
             "no usage: unknown, not invented"
         );
-        let expected = (8.0 * 0.15 + 7.0 * 0.6) / 1e6;
-        assert!((stats.cost_usd.saved - expected).abs() < 1e-15);
+        // 8 x 0.15 + 7 x 0.6 per million, exactly.
+        assert_eq!(stats.cost_nano_usd.saved, 5_400);
+        assert_eq!(stats.cost_usd.saved, 0.0000054);
+        let tenant = &stats.tenants[0];
+        assert_eq!(tenant.name, "team-a");
+        assert_eq!(tenant.answers.saved, 2, "a saved answer without usage is still one");
+        assert_eq!(tenant.cost_nano_usd.saved, 5_400);
+        assert_eq!(stats.upstreams[0].name, "mock");
     }
 
     #[test]
     fn unpriced_models_count_tokens_but_no_cost() {
         let metrics = metrics();
-        let model = metrics.model("some-model-nobody-priced");
-        assert_eq!(model.as_str(), "other");
-        metrics.upstream_usage(&model, Some(USAGE));
+        let who = bill(&metrics, "some-model-nobody-priced");
+        assert_eq!(who.model.as_str(), "other");
+        metrics.upstream_usage(&who, Some(USAGE));
         let stats = metrics.stats();
         assert_eq!(
-            stats.tokens.upstream,
-            Tokens {
-                prompt: 8,
-                completion: 7
-            }
+            (stats.tokens.upstream.prompt, stats.tokens.upstream.completion),
+            (8, 7)
         );
         assert_eq!(stats.cost_usd.upstream, 0.0);
+        assert_eq!(stats.unpriced_tokens.upstream, 15);
         let other = stats.models.iter().find(|m| m.model == "other").unwrap();
         assert!(!other.priced);
-        assert!(!metrics.encode().contains("corral_cost_usd_total{"));
+        assert_eq!(other.unpriced_tokens.upstream, 15);
+        let text = metrics.encode();
+        assert!(!text.contains("corral_cost_usd_total{"), "{text}");
+        assert!(
+            text.contains(r#"corral_unpriced_tokens_total{model="other",source="upstream"} 15"#),
+            "{text}"
+        );
     }
 
     #[test]
@@ -529,5 +743,48 @@ mod tests {
         assert_eq!(stats.upstream.retries, 2);
         assert_eq!(stats.upstream.by_status["200"], 2);
         assert_eq!(stats.upstream.by_status["timeout"], 1);
+    }
+
+    /// Done when: 1,000,000 counted answers of $0.00000315 each total exactly $3.15.
+    #[test]
+    fn a_million_answers_of_315_microcents_total_exactly_315_dollars() {
+        let metrics = metrics();
+        let who = bill(&metrics, "gpt-4o-mini");
+        // 5 x 0.15 + 4 x 0.6 per million = $0.00000315.
+        let usage = Usage {
+            prompt_tokens: 5,
+            completion_tokens: 4,
+            ..Usage::default()
+        };
+        assert_eq!(who.model.cost(&usage).unwrap().to_string(), "$0.00000315");
+        for _ in 0..1_000_000 {
+            metrics.served(&who, CacheStatus::Hit, Some(usage));
+        }
+        let stats = metrics.stats();
+        assert_eq!(stats.cost_nano_usd.saved, 3_150_000_000);
+        assert_eq!(stats.cost_usd.saved, 3.15);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"corral_cost_usd_total{model="gpt-4o-mini",source="saved"} 3.15"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn gen_ai_token_usage_counts_input_and_output_per_upstream_answer() {
+        let metrics = metrics();
+        let who = bill(&metrics, "gpt-4o-mini");
+        metrics.upstream_usage(&who, Some(USAGE));
+        metrics.served(&who, CacheStatus::Hit, Some(USAGE));
+        let text = metrics.encode();
+        for (token_type, sum) in [("input", 8), ("output", 7)] {
+            let line = format!(
+                r#"gen_ai_client_token_usage_sum{{gen_ai_operation_name="chat",gen_ai_request_model="gpt-4o-mini",gen_ai_token_type="{token_type}"}} {sum}"#
+            );
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        assert!(text.contains(
+            r#"gen_ai_client_token_usage_count{gen_ai_operation_name="chat",gen_ai_request_model="gpt-4o-mini",gen_ai_token_type="input"} 1"#
+        ), "a saved answer is no client call");
     }
 }

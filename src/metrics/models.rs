@@ -1,8 +1,13 @@
 //! Which `model` label a request's model gets, and what its tokens cost.
 //!
-//! The label set is fixed when the state is built: the keys of the pricing
-//! table, the literal (glob-free) names in `upstreams[].models`, and `other`.
-//! A caller can put any string in `model`; none of them can grow the label set.
+//! The label set is fixed when the state is built: the keys of the configured
+//! pricing table, the model ids of the embedded price snapshot, the literal
+//! (glob-free) names in `upstreams[].models`, and `other`. A caller can put any
+//! string in `model`; none of them can grow the label set.
+//!
+//! A model is looked up in the configured table first (exact names, then
+//! globs in the order written), then in the snapshot (exact names, then its
+//! globs in its order): an entry in `pricing.models` overrides the snapshot.
 
 use std::{
     collections::{HashMap, hash_map::Entry},
@@ -12,8 +17,9 @@ use std::{
 use glob::{MatchOptions, Pattern};
 
 use crate::{
-    cache::Usage,
     config::{ModelPrice, OTHER_MODEL, PricingConfig, UpstreamConfig},
+    pricing::{PicoUsd, Rates, Snapshot},
+    usage::Usage,
 };
 
 /// A bounded model label and the price it is billed at, if known. Cheap to clone.
@@ -21,12 +27,15 @@ use crate::{
 pub struct ModelLabel {
     name: Arc<str>,
     price: Option<ModelPrice>,
+    rates: Option<Rates>,
 }
 
 impl ModelLabel {
     fn new(name: &str, price: Option<ModelPrice>) -> Self {
         Self {
             name: name.into(),
+            // A price `Config::validate` accepted always has rates.
+            rates: price.as_ref().and_then(Rates::of),
             price,
         }
     }
@@ -44,29 +53,55 @@ impl ModelLabel {
         self.price
     }
 
-    /// USD for `usage` at this label's price; `None` when the model has no price.
-    ///
-    /// Token counts are integers well below 2^53, so each converts to f64
-    /// exactly; the only rounding is in the two products, their sum and the
-    /// division, which keeps repeated sums far inside 1e-9 of the exact value.
-    pub fn cost_usd(&self, usage: Usage) -> Option<f64> {
-        let price = self.price?;
-        Some(
-            (usage.prompt_tokens as f64 * price.input
-                + usage.completion_tokens as f64 * price.output)
-                / 1_000_000.0,
-        )
+    pub fn rates(&self) -> Option<Rates> {
+        self.rates
+    }
+
+    /// What `usage` costs at this label's price, exactly; `None` when the model has no price.
+    pub fn cost(&self, usage: &Usage) -> Option<PicoUsd> {
+        Some(self.rates?.cost(usage))
+    }
+}
+
+/// One source of prices: exact names and globs.
+#[derive(Debug, Default)]
+struct Layer {
+    /// Lower-cased exact names.
+    exact: HashMap<String, ModelLabel>,
+    /// Globs, in the order written.
+    globs: Vec<(Pattern, ModelLabel)>,
+}
+
+impl Layer {
+    fn find(&self, model: &str, lower: &str) -> Option<&ModelLabel> {
+        self.exact.get(lower).or_else(|| {
+            self.globs
+                .iter()
+                .find(|(pattern, _)| pattern.matches_with(model, CASE_INSENSITIVE))
+                .map(|(_, label)| label)
+        })
+    }
+
+    fn add(&mut self, name: &str, label: &ModelLabel) {
+        if is_glob(name) {
+            // Validated by `Config::validate` (and the snapshot's test); a bad pattern is skipped.
+            if let Ok(pattern) = Pattern::new(name) {
+                self.globs.push((pattern, label.clone()));
+            }
+        } else if let Entry::Vacant(slot) = self.exact.entry(name.to_lowercase()) {
+            slot.insert(label.clone());
+        }
     }
 }
 
 #[derive(Debug)]
 pub struct ModelTable {
-    /// Lower-cased exact names (priced ones and literal route names).
-    exact: HashMap<String, ModelLabel>,
-    /// Priced globs, in the order written.
-    globs: Vec<(Pattern, ModelLabel)>,
+    /// The configured prices, then the snapshot.
+    layers: [Layer; 2],
+    /// Literal route names no price names exactly (lower-cased).
+    routes: HashMap<String, ModelLabel>,
     other: ModelLabel,
-    /// Every label, table order first, `other` last (what `/stats` walks).
+    /// Every label, configured first, `other` last.
     all: Vec<ModelLabel>,
 }
 
@@ -81,30 +116,41 @@ fn is_glob(name: &str) -> bool {
 }
 
 impl ModelTable {
-    pub fn new(pricing: &PricingConfig, upstreams: &[UpstreamConfig]) -> Self {
-        let mut exact = HashMap::new();
-        let mut globs = Vec::new();
+    pub fn new(
+        pricing: &PricingConfig,
+        snapshot: Option<&Snapshot>,
+        upstreams: &[UpstreamConfig],
+    ) -> Self {
         let mut all = Vec::new();
+        let mut configured = Layer::default();
         for (name, price) in &pricing.models.0 {
             let label = ModelLabel::new(name, Some(*price));
-            if is_glob(name) {
-                // Validated by `Config::validate`; a bad pattern here is skipped.
-                if let Ok(pattern) = Pattern::new(name) {
-                    globs.push((pattern, label.clone()));
-                    all.push(label);
-                }
-            } else if let Entry::Vacant(slot) = exact.entry(name.to_lowercase()) {
-                slot.insert(label.clone());
-                all.push(label);
+            configured.add(name, &label);
+            all.push(label);
+        }
+        let mut snapshotted = Layer::default();
+        let mut ids = std::collections::HashSet::new();
+        for model in snapshot.map_or(&[][..], |s| &s.models) {
+            let id = model.id.to_lowercase();
+            if configured.exact.contains_key(&id) || !ids.insert(id) {
+                continue;
             }
+            let label = ModelLabel::new(&model.id, Some(model.price()));
+            for name in &model.names {
+                snapshotted.add(name, &label);
+            }
+            // The id names its own label, even where no match rule spells it out.
+            snapshotted.add(&model.id, &label);
+            all.push(label);
         }
         let mut table = Self {
-            exact,
-            globs,
+            layers: [configured, snapshotted],
+            routes: HashMap::new(),
             other: ModelLabel::new(OTHER_MODEL, None),
             all,
         };
-        // Literal route names are labels too, priced by the glob that covers them, if any.
+        // A literal route name no price names exactly is a label of its own,
+        // priced by the pattern that covers it, if any.
         let literals: Vec<&str> = upstreams
             .iter()
             .flat_map(|upstream| upstream.models.iter())
@@ -112,32 +158,41 @@ impl ModelTable {
             .filter(|name| !is_glob(name) && !name.eq_ignore_ascii_case(OTHER_MODEL))
             .collect();
         for name in literals {
-            if table.exact.contains_key(&name.to_lowercase()) {
+            let lower = name.to_lowercase();
+            if table.routes.contains_key(&lower)
+                || table.layers.iter().any(|layer| layer.exact.contains_key(&lower))
+            {
                 continue;
             }
-            let price = table.glob_match(name).and_then(ModelLabel::price);
+            let price = table.find(name, &lower).and_then(ModelLabel::price);
             let label = ModelLabel::new(name, price);
-            table.exact.insert(name.to_lowercase(), label.clone());
+            table.routes.insert(lower, label.clone());
             table.all.push(label);
         }
         table.all.push(table.other.clone());
         table
     }
 
-    fn glob_match(&self, model: &str) -> Option<&ModelLabel> {
-        self.globs
-            .iter()
-            .find(|(pattern, _)| pattern.matches_with(model, CASE_INSENSITIVE))
-            .map(|(_, label)| label)
+    fn find(&self, model: &str, lower: &str) -> Option<&ModelLabel> {
+        self.layers.iter().find_map(|layer| layer.find(model, lower))
     }
 
-    /// The label for a request's `model`: an exact name, else the first glob
-    /// that matches, else `other`.
+    /// The label for a request's `model`: a configured exact name, a literal
+    /// route name, a configured glob, then the snapshot, else `other`.
     pub fn label(&self, model: &str) -> ModelLabel {
-        if let Some(label) = self.exact.get(&model.to_lowercase()) {
-            return label.clone();
-        }
-        self.glob_match(model).unwrap_or(&self.other).clone()
+        let lower = model.to_lowercase();
+        self.layers[0]
+            .exact
+            .get(&lower)
+            .or_else(|| self.routes.get(&lower))
+            .or_else(|| self.find(model, &lower))
+            .unwrap_or(&self.other)
+            .clone()
+    }
+
+    /// The label named `name` exactly (as `/stats` shows it), if this table has it.
+    pub fn named(&self, name: &str) -> Option<&ModelLabel> {
+        self.all.iter().find(|label| label.as_str() == name)
     }
 
     pub fn all(&self) -> &[ModelLabel] {
@@ -155,6 +210,7 @@ mod tests {
             input,
             output,
             cached_input: None,
+            cache_write: None,
         }
     }
 
@@ -163,6 +219,7 @@ mod tests {
         config.upstreams[0].models = routes.iter().map(|r| (*r).to_owned()).collect();
         let pricing = PricingConfig {
             as_of: None,
+            snapshot: false,
             models: PriceTable(vec![
                 ("gpt-4o-mini".into(), price(0.15, 0.6)),
                 ("gpt-4o-mini-*".into(), price(0.15, 0.6)),
@@ -170,7 +227,7 @@ mod tests {
                 ("claude-*".into(), price(3.0, 15.0)),
             ]),
         };
-        ModelTable::new(&pricing, &config.upstreams)
+        ModelTable::new(&pricing, None, &config.upstreams)
     }
 
     #[test]
@@ -186,9 +243,9 @@ mod tests {
         assert_eq!(label("gpt-4o-mini-2024-07-18"), "gpt-4o-mini-*");
         assert_eq!(label("gpt-4o-2024-08-06"), "gpt-4o*");
         assert_eq!(label("my-finetune"), "my-finetune", "literal route name");
-        assert_eq!(label("claude-custom"), "claude-custom");
         assert_eq!(label("gpt-anything-a-caller-invents"), "other");
         assert_eq!(label("sk-live-secret-as-a-model"), "other");
+        assert_eq!(label("claude-custom"), "claude-custom");
         // A literal route name is priced by the glob that covers it.
         assert_eq!(table.label("claude-custom").price(), Some(price(3.0, 15.0)));
         assert_eq!(table.label("my-finetune").price(), None);
@@ -208,18 +265,39 @@ mod tests {
     }
 
     #[test]
-    fn cost_is_tokens_times_price_per_million() {
+    fn the_snapshot_prices_what_the_config_does_not_and_the_config_overrides_it() {
+        let snapshot = crate::pricing::snapshot();
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.pricing.models = PriceTable(vec![("gpt-4o".into(), price(1.0, 2.0))]);
+        let table = ModelTable::new(&config.pricing, Some(snapshot), &config.upstreams);
+        let gpt_4o = table.label("gpt-4o");
+        assert_eq!(gpt_4o.price(), Some(price(1.0, 2.0)), "the config wins");
+        assert_eq!(
+            table.all().iter().filter(|l| l.as_str() == "gpt-4o").count(),
+            1,
+            "one label per name"
+        );
+        let mini = table.label("gpt-4o-mini");
+        assert_eq!(mini.as_str(), "gpt-4o-mini");
+        assert_eq!(mini.price().unwrap().input, 0.15);
+        assert_eq!(mini.price().unwrap().cached_input, Some(0.075));
+        let claude = table.label("claude-sonnet-4-5-20250929");
+        assert_eq!(claude.as_str(), "claude-sonnet-4-5");
+        assert_eq!(claude.price().unwrap().cache_write, Some(3.75));
+        assert_eq!(table.label("no-such-model-anywhere").as_str(), "other");
+    }
+
+    #[test]
+    fn cost_is_each_kind_times_its_price() {
         let table = table(&["*"]);
         let usage = Usage {
             prompt_tokens: 1_000,
             completion_tokens: 2_000,
+            ..Usage::default()
         };
-        let cost = table.label("gpt-4o").cost_usd(usage).unwrap();
-        assert!((cost - (1_000.0 * 2.5 + 2_000.0 * 10.0) / 1e6).abs() < 1e-15);
-        assert_eq!(table.label("unknown").cost_usd(usage), None);
-        // Many small repeated costs stay exact to well under 1e-9.
-        let one = table.label("gpt-4o-mini").cost_usd(usage).unwrap();
-        let sum: f64 = (0..10_000).map(|_| one).sum();
-        assert!((sum - 10_000.0 * one).abs() < 1e-9);
+        let cost = table.label("gpt-4o").cost(&usage).unwrap();
+        // (1000 x 2.5 + 2000 x 10) / 1e6 dollars = 22500000000 picodollars.
+        assert_eq!(cost, PicoUsd(22_500_000_000));
+        assert_eq!(table.label("unknown").cost(&usage), None);
     }
 }

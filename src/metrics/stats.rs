@@ -1,22 +1,38 @@
-//! `/stats`: the same counters `/metrics` exposes, summed into one JSON
-//! document since start, plus a short history of spent vs saved for the chart.
+//! `/stats`: the books summed into one JSON document, plus a short history of
+//! spent vs saved for the chart.
+//!
+//! The counts are the cluster's totals (every instance sharing the Redis
+//! ledger, since the ledger began) once this instance has read them, else its
+//! own since start; `scope` says which. The live gauges (`in_flight`,
+//! `waiters`, `cache_entries`) and `redis_errors` are always this instance's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use super::{
-    CACHE_LABELS, COMPLETION, ENDPOINT_LABELS, Metrics, PROMPT, RequestLabels, SAVED, SavedLabels,
-    SourceLabels, TokenLabels, UPSTREAM, UpstreamLabels, VIA_LABELS, lock, unix_ms,
+use super::{CACHE_LABELS, ENDPOINT_LABELS, Metrics, lock, unix_ms};
+use crate::{
+    config::ModelPrice,
+    ledger::{Account, Measure, OTHER, Party, Scope, Side, Tally},
+    pricing::{PICOS_PER_NANO, PicoUsd},
+    usage::TokenKind,
 };
-use crate::config::ModelPrice;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
+    /// `cluster`: every instance sharing the Redis ledger, since the ledger
+    /// began; `instance`: this instance since it started.
+    pub scope: Scope,
+    /// When this instance last read the cluster totals (Unix ms).
+    pub ledger_read_at_ms: Option<u64>,
+    /// The last attempt to reach the ledger failed: the cluster totals are
+    /// those last read, plus what this instance counted since.
+    pub ledger_stale: bool,
     pub started_at_ms: u64,
     pub uptime_seconds: f64,
-    /// When the configured prices were taken.
+    /// When the configured prices were taken, else the snapshot's date.
     pub pricing_as_of: Option<String>,
+    pub pricing: PricingStats,
     pub requests: RequestStats,
     pub upstream: UpstreamStats,
     pub saved_responses: SavedStats,
@@ -25,9 +41,17 @@ pub struct Stats {
     pub dedup_ratio: f64,
     pub tokens: TokenSides,
     pub cost_usd: CostSides,
+    /// The same amounts, exact, in whole nanodollars.
+    pub cost_nano_usd: NanoSides,
     pub usage_unknown: UsageUnknown,
+    /// Tokens of models without a price: counted, but their cost is unknown.
+    pub unpriced_tokens: UsageUnknown,
     /// Models with any activity, in pricing-table order.
     pub models: Vec<ModelStats>,
+    /// Top tenants (`ledger.top_tenants`) by spend, then savings; the rest as `other`.
+    pub tenants: Vec<PartyStats>,
+    /// Every upstream with activity, by name.
+    pub upstreams: Vec<PartyStats>,
     pub in_flight: i64,
     pub waiters: i64,
     pub cache_entries: i64,
@@ -37,14 +61,30 @@ pub struct Stats {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct RequestStats {
-    pub total: u64,
-    /// Every cache status, zeros included.
-    pub by_cache: BTreeMap<&'static str, u64>,
-    pub by_endpoint: BTreeMap<&'static str, u64>,
+pub struct PricingStats {
+    /// The embedded snapshot: source package, version, date, model count.
+    pub snapshot: Option<SnapshotStats>,
+    /// Entries of `pricing.models` (they override the snapshot).
+    pub configured_models: usize,
+    pub configured_as_of: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct SnapshotStats {
+    pub source: String,
+    pub as_of: String,
+    pub models: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RequestStats {
+    pub total: u64,
+    /// Every cache status, zeros included.
+    pub by_cache: BTreeMap<String, u64>,
+    pub by_endpoint: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct UpstreamStats {
     pub calls: u64,
     pub retries: u64,
@@ -59,10 +99,45 @@ pub struct SavedStats {
     pub coalesced: u64,
 }
 
+/// Tokens of one side: the totals (`prompt`, `completion`) and the billed
+/// kinds, which split them (`input + cached_input + cache_write = prompt`,
+/// `output + reasoning = completion`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Tokens {
     pub prompt: u64,
     pub completion: u64,
+    pub input: u64,
+    pub cached_input: u64,
+    pub cache_write: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl Tokens {
+    fn add(&mut self, kind: TokenKind, n: u64) {
+        let slot = match kind {
+            TokenKind::Input => &mut self.input,
+            TokenKind::CachedInput => &mut self.cached_input,
+            TokenKind::CacheWrite => &mut self.cache_write,
+            TokenKind::Output => &mut self.output,
+            TokenKind::Reasoning => &mut self.reasoning,
+        };
+        *slot += n;
+        match kind {
+            TokenKind::Input | TokenKind::CachedInput | TokenKind::CacheWrite => self.prompt += n,
+            TokenKind::Output | TokenKind::Reasoning => self.completion += n,
+        }
+    }
+
+    fn merge(&mut self, other: &Self) {
+        self.prompt += other.prompt;
+        self.completion += other.completion;
+        self.input += other.input;
+        self.cached_input += other.cached_input;
+        self.cache_write += other.cache_write;
+        self.output += other.output;
+        self.reasoning += other.reasoning;
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -77,6 +152,13 @@ pub struct CostSides {
     pub saved: f64,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct NanoSides {
+    pub upstream: u64,
+    pub saved: u64,
+}
+
+/// A count on each side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct UsageUnknown {
     pub upstream: u64,
@@ -94,6 +176,17 @@ pub struct ModelStats {
     /// Zero for a model without a price (its cost is unknown, see `priced`).
     pub cost_usd: CostSides,
     pub usage_unknown: UsageUnknown,
+    pub unpriced_tokens: UsageUnknown,
+}
+
+/// What one tenant or upstream was answered, in tokens, and in money.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PartyStats {
+    pub name: String,
+    pub answers: UsageUnknown,
+    pub tokens: UsageUnknown,
+    pub cost_usd: CostSides,
+    pub cost_nano_usd: NanoSides,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -149,174 +242,299 @@ impl History {
     }
 }
 
+/// One tenant's or upstream's sums, by side (upstream, saved).
+#[derive(Debug, Default, Clone, Copy)]
+struct PartySums {
+    answers: [u64; 2],
+    tokens: [u64; 2],
+    picos: [u128; 2],
+}
+
+impl PartySums {
+    fn merge(&mut self, other: &Self) {
+        for i in 0..2 {
+            self.answers[i] += other.answers[i];
+            self.tokens[i] += other.tokens[i];
+            self.picos[i] += other.picos[i];
+        }
+    }
+
+    fn into_stats(self, name: String) -> PartyStats {
+        PartyStats {
+            name,
+            answers: sides(self.answers),
+            tokens: sides(self.tokens),
+            cost_usd: usd(self.picos),
+            cost_nano_usd: nanos(self.picos),
+        }
+    }
+}
+
+fn index(side: Side) -> usize {
+    match side {
+        Side::Upstream => 0,
+        Side::Saved => 1,
+    }
+}
+
+fn sides([upstream, saved]: [u64; 2]) -> UsageUnknown {
+    UsageUnknown { upstream, saved }
+}
+
+fn usd([upstream, saved]: [u128; 2]) -> CostSides {
+    CostSides {
+        upstream: PicoUsd(upstream).as_usd(),
+        saved: PicoUsd(saved).as_usd(),
+    }
+}
+
+fn nanos([upstream, saved]: [u128; 2]) -> NanoSides {
+    let nanos = |picos: u128| u64::try_from(picos / PICOS_PER_NANO).unwrap_or(u64::MAX);
+    NanoSides {
+        upstream: nanos(upstream),
+        saved: nanos(saved),
+    }
+}
+
+/// One model's sums while the tally is read.
+#[derive(Debug, Default)]
+struct ModelSums {
+    calls: u64,
+    saved: SavedStats,
+    tokens: [Tokens; 2],
+    picos: [u128; 2],
+    unknown: [u64; 2],
+    unpriced: [u64; 2],
+}
+
+impl ModelSums {
+    fn active(&self) -> bool {
+        self.calls > 0
+            || self.saved.total > 0
+            || self.tokens != [Tokens::default(); 2]
+            || self.unknown != [0; 2]
+    }
+}
+
+/// Sums the books into the `/stats` figures (everything but the live gauges).
+#[derive(Debug, Default)]
+struct Summary {
+    requests: RequestStats,
+    upstream: UpstreamStats,
+    models: HashMap<String, ModelSums>,
+    tenants: HashMap<String, PartySums>,
+    upstreams: HashMap<String, PartySums>,
+}
+
+impl Summary {
+    fn of(totals: &Tally) -> Self {
+        let mut summary = Self::default();
+        for cache in CACHE_LABELS {
+            summary.requests.by_cache.insert(cache.to_owned(), 0);
+        }
+        for endpoint in ENDPOINT_LABELS {
+            summary.requests.by_endpoint.insert(endpoint.to_owned(), 0);
+        }
+        for (account, amount) in totals {
+            let n = u64::try_from(*amount).unwrap_or(u64::MAX);
+            match account {
+                Account::Requests { endpoint, cache } => {
+                    *summary.requests.by_cache.entry(cache.to_string()).or_default() += n;
+                    *summary
+                        .requests
+                        .by_endpoint
+                        .entry(endpoint.to_string())
+                        .or_default() += n;
+                    summary.requests.total += n;
+                }
+                Account::Calls {
+                    model: name,
+                    status,
+                    ..
+                } => {
+                    *summary
+                        .upstream
+                        .by_status
+                        .entry(status.to_string())
+                        .or_default() += n;
+                    summary.upstream.calls += n;
+                    summary.model(name).calls += n;
+                }
+                Account::Retries { .. } => summary.upstream.retries += n,
+                Account::Saved { model: name, via } => {
+                    let saved = &mut summary.model(name).saved;
+                    saved.total += n;
+                    match &**via {
+                        "hit" => saved.hit += n,
+                        "stale" => saved.stale += n,
+                        _ => saved.coalesced += n,
+                    }
+                }
+                Account::Tokens {
+                    side,
+                    kind,
+                    model: name,
+                } => summary.model(name).tokens[index(*side)].add(*kind, n),
+                Account::Cost { side, model: name } => {
+                    summary.model(name).picos[index(*side)] += amount;
+                }
+                Account::UsageUnknown { side, model: name } => {
+                    summary.model(name).unknown[index(*side)] += n;
+                }
+                Account::Unpriced { side, model: name } => {
+                    summary.model(name).unpriced[index(*side)] += n;
+                }
+                Account::By {
+                    party,
+                    side,
+                    measure,
+                    name,
+                } => {
+                    let parties = match party {
+                        Party::Tenant => &mut summary.tenants,
+                        Party::Upstream => &mut summary.upstreams,
+                    };
+                    let sums = parties.entry(name.to_string()).or_default();
+                    let i = index(*side);
+                    match measure {
+                        Measure::Answers => sums.answers[i] += n,
+                        Measure::Tokens => sums.tokens[i] += n,
+                        Measure::Cost => sums.picos[i] += amount,
+                    }
+                }
+            }
+        }
+        summary
+    }
+
+    fn model(&mut self, name: &str) -> &mut ModelSums {
+        self.models.entry(name.to_owned()).or_default()
+    }
+}
+
+/// The top `n` parties by spend, then savings, then answers; the rest summed as `other`.
+fn top_parties(parties: HashMap<String, PartySums>, n: usize) -> Vec<PartyStats> {
+    let mut parties: Vec<(String, PartySums)> = parties.into_iter().collect();
+    parties.sort_by(|(a_name, a), (b_name, b)| {
+        (b.picos[0], b.picos[1], b.answers[0] + b.answers[1])
+            .cmp(&(a.picos[0], a.picos[1], a.answers[0] + a.answers[1]))
+            .then_with(|| a_name.cmp(b_name))
+    });
+    let mut other: Option<PartySums> = None;
+    let mut shown = Vec::new();
+    for (name, sums) in parties {
+        if name == OTHER || shown.len() >= n {
+            other.get_or_insert_with(PartySums::default).merge(&sums);
+        } else {
+            shown.push(sums.into_stats(name));
+        }
+    }
+    shown.extend(other.map(|sums| sums.into_stats(OTHER.to_owned())));
+    shown
+}
+
 impl Metrics {
-    /// Everything since start, read from the registry's counters.
+    /// The books' totals (the cluster's, once read) as the `/stats` document.
     pub fn stats(&self) -> Stats {
         let inner = &*self.inner;
-        let count = |value: Option<u64>| value.unwrap_or(0);
+        let view = inner.books.view();
+        let summary = Summary::of(&view.totals);
 
-        let mut by_cache = BTreeMap::new();
-        let mut by_endpoint = BTreeMap::new();
-        for endpoint in ENDPOINT_LABELS {
-            for cache in CACHE_LABELS {
-                let n = count(
-                    inner
-                        .requests
-                        .get(&RequestLabels { endpoint, cache })
-                        .map(|c| c.get()),
-                );
-                *by_cache.entry(cache).or_insert(0) += n;
-                *by_endpoint.entry(endpoint).or_insert(0) += n;
-            }
-        }
-        let requests = RequestStats {
-            total: by_cache.values().sum(),
-            by_cache,
-            by_endpoint,
-        };
-
-        let seen = lock(&inner.upstream_seen).clone();
-        let mut by_status = BTreeMap::new();
-        let mut calls_by_model: BTreeMap<&str, u64> = BTreeMap::new();
-        for labels in &seen {
-            let n = count(inner.upstream_requests.get(labels).map(|c| c.get()));
-            *by_status.entry(labels.status.clone()).or_insert(0) += n;
-            *calls_by_model.entry(&*labels.model).or_insert(0) += n;
-        }
-        let retries = inner
-            .upstreams
+        let order: HashMap<&str, usize> = inner
+            .models
+            .all()
             .iter()
-            .map(|upstream| {
-                count(
-                    inner
-                        .upstream_retries
-                        .get(&UpstreamLabels {
-                            upstream: upstream.clone(),
-                        })
-                        .map(|c| c.get()),
-                )
-            })
-            .sum();
-        let upstream = UpstreamStats {
-            calls: by_status.values().sum(),
-            retries,
-            by_status,
-        };
+            .enumerate()
+            .map(|(i, label)| (label.as_str(), i))
+            .collect();
+        let mut active: Vec<(&String, &ModelSums)> = summary
+            .models
+            .iter()
+            .filter(|(_, sums)| sums.active())
+            .collect();
+        active.sort_by_key(|(name, _)| (order.get(name.as_str()).copied().unwrap_or(usize::MAX), *name));
 
-        let mut models = Vec::new();
         let mut saved = SavedStats::default();
         let mut tokens = TokenSides::default();
-        let mut cost = CostSides::default();
-        let mut unknown = UsageUnknown::default();
-        for label in inner.models.all() {
-            let model = label.shared_name();
-            let via = |via: &'static str| {
-                count(
-                    inner
-                        .saved_responses
-                        .get(&SavedLabels {
-                            model: model.clone(),
-                            via,
-                        })
-                        .map(|c| c.get()),
-                )
-            };
-            let [hit, stale, coalesced] = VIA_LABELS.map(via);
-            let model_saved = SavedStats {
-                total: hit + stale + coalesced,
-                hit,
-                stale,
-                coalesced,
-            };
-            let token = |kind: &'static str, source: &'static str| {
-                count(
-                    inner
-                        .tokens
-                        .get(&TokenLabels {
-                            model: model.clone(),
-                            kind,
-                            source,
-                        })
-                        .map(|c| c.get()),
-                )
-            };
-            let side = |source| Tokens {
-                prompt: token(PROMPT, source),
-                completion: token(COMPLETION, source),
-            };
-            let model_tokens = TokenSides {
-                upstream: side(UPSTREAM),
-                saved: side(SAVED),
-            };
-            let source = |source: &'static str| SourceLabels {
-                model: model.clone(),
-                source,
-            };
-            let usd = |s| inner.cost.get(&source(s)).map_or(0.0, |c| c.get());
-            let model_cost = CostSides {
-                upstream: usd(UPSTREAM),
-                saved: usd(SAVED),
-            };
-            let unknown_of = |s| count(inner.usage_unknown.get(&source(s)).map(|c| c.get()));
-            let model_unknown = UsageUnknown {
-                upstream: unknown_of(UPSTREAM),
-                saved: unknown_of(SAVED),
-            };
-            let upstream_calls = calls_by_model.get(&*model).copied().unwrap_or(0);
-            let active = upstream_calls > 0
-                || model_saved.total > 0
-                || model_tokens != TokenSides::default()
-                || model_unknown != UsageUnknown::default();
-            if !active {
-                continue;
+        let mut picos = [0u128; 2];
+        let mut unknown = [0u64; 2];
+        let mut unpriced = [0u64; 2];
+        let mut models = Vec::new();
+        for (name, sums) in active {
+            saved.total += sums.saved.total;
+            saved.hit += sums.saved.hit;
+            saved.stale += sums.saved.stale;
+            saved.coalesced += sums.saved.coalesced;
+            for (side, totals) in [&mut tokens.upstream, &mut tokens.saved].into_iter().enumerate() {
+                totals.merge(&sums.tokens[side]);
+                picos[side] += sums.picos[side];
+                unknown[side] += sums.unknown[side];
+                unpriced[side] += sums.unpriced[side];
             }
-            saved.total += model_saved.total;
-            saved.hit += hit;
-            saved.stale += stale;
-            saved.coalesced += coalesced;
-            tokens.upstream.prompt += model_tokens.upstream.prompt;
-            tokens.upstream.completion += model_tokens.upstream.completion;
-            tokens.saved.prompt += model_tokens.saved.prompt;
-            tokens.saved.completion += model_tokens.saved.completion;
-            cost.upstream += model_cost.upstream;
-            cost.saved += model_cost.saved;
-            unknown.upstream += model_unknown.upstream;
-            unknown.saved += model_unknown.saved;
+            let price = order
+                .get(name.as_str())
+                .and_then(|i| inner.models.all()[*i].price());
             models.push(ModelStats {
-                model: model.to_string(),
-                priced: label.price().is_some(),
-                price: label.price(),
-                upstream_calls,
-                saved_responses: model_saved,
-                tokens: model_tokens,
-                cost_usd: model_cost,
-                usage_unknown: model_unknown,
+                model: name.clone(),
+                priced: price.is_some(),
+                price,
+                upstream_calls: sums.calls,
+                saved_responses: sums.saved,
+                tokens: TokenSides {
+                    upstream: sums.tokens[0],
+                    saved: sums.tokens[1],
+                },
+                cost_usd: usd(sums.picos),
+                usage_unknown: sides(sums.unknown),
+                unpriced_tokens: sides(sums.unpriced),
             });
         }
 
-        let answered = saved.total + upstream.calls;
+        let answered = saved.total + summary.upstream.calls;
         let dedup_ratio = if answered == 0 {
             0.0
         } else {
             saved.total as f64 / answered as f64
         };
+        let cost_usd = usd(picos);
         let history = lock(&inner.history).sample(Point {
             t_ms: unix_ms().max(inner.started_at_ms),
-            spent_usd: cost.upstream,
-            saved_usd: cost.saved,
+            spent_usd: cost_usd.upstream,
+            saved_usd: cost_usd.saved,
         });
+        let mut upstreams = top_parties(summary.upstreams, usize::MAX);
+        upstreams.sort_by(|a, b| a.name.cmp(&b.name));
         Stats {
+            scope: view.scope,
+            ledger_read_at_ms: view.read_at_ms,
+            ledger_stale: view.stale,
             started_at_ms: inner.started_at_ms,
             uptime_seconds: inner.started.elapsed().as_secs_f64(),
-            pricing_as_of: inner.pricing_as_of.clone(),
-            requests,
-            upstream,
+            pricing_as_of: inner
+                .pricing_as_of
+                .clone()
+                .or_else(|| inner.snapshot.map(|s| s.as_of.clone())),
+            pricing: PricingStats {
+                snapshot: inner.snapshot.map(|s| SnapshotStats {
+                    source: format!("{} {} ({})", s.source.package, s.source.version, s.source.license),
+                    as_of: s.as_of.clone(),
+                    models: s.models.len(),
+                }),
+                configured_models: inner.configured_prices,
+                configured_as_of: inner.pricing_as_of.clone(),
+            },
+            requests: summary.requests,
+            upstream: summary.upstream,
             saved_responses: saved,
             dedup_ratio,
             tokens,
-            cost_usd: cost,
-            usage_unknown: unknown,
+            cost_usd,
+            cost_nano_usd: nanos(picos),
+            usage_unknown: sides(unknown),
+            unpriced_tokens: sides(unpriced),
             models,
+            tenants: top_parties(summary.tenants, inner.top_tenants),
+            upstreams,
             in_flight: inner.in_flight.get(),
             waiters: inner.waiters.get(),
             cache_entries: inner.cache_entries.get(),

@@ -73,7 +73,8 @@ async fn a_complete_stream_is_relayed_canonically_with_its_usage() {
         summary.usage,
         Some(Usage {
             prompt_tokens: 5,
-            completion_tokens: 2
+            completion_tokens: 2,
+            ..Usage::default()
         })
     );
     assert_eq!(log.end(), Some(LogEnd::Done));

@@ -1,0 +1,722 @@
+//! The books: exact counts of what corral served, spent and saved, kept per
+//! instance and added into one cluster-wide ledger in Redis.
+//!
+//! Every counted event is *posted* to [`Books`] as integers (money in
+//! picodollars). Each instance keeps:
+//! - `local`: everything since it started (what `/metrics` reports: Prometheus
+//!   sums instances itself);
+//! - `pending`: what it has not yet added to the cluster ledger.
+//!
+//! With Redis, [`Books::flush`] (once a second, and once more at shutdown) sends
+//! `pending` as one [`Batch`] that the store adds exactly once (its id marks it
+//! applied, so a batch whose reply was lost is resent, never counted twice), and
+//! reads back the cluster's totals in the same step. `/stats` then shows those
+//! totals plus what this instance has not sent yet: the whole cluster, surviving
+//! restarts. While Redis is away nothing is lost: `pending` keeps growing and the
+//! next flush that gets through adds it all. Money goes to Redis in whole
+//! nanodollars (`HINCRBY` holds 2^63 of them, $9.2 billion); the sub-nanodollar
+//! rest stays pending until it adds up.
+//!
+//! Tenants are bounded: an instance tracks at most `ledger.max_tenants`
+//! distinct tenants and the cluster ledger as many (the store folds later ones
+//! into `other`); `/stats` shows the top few and sums the rest into `other`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    pricing::PICOS_PER_NANO,
+    usage::TokenKind,
+};
+
+/// The name every tenant or upstream beyond the tracked ones is counted under.
+pub const OTHER: &str = "other";
+
+/// Which side of the savings an amount is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    /// Paid for: an upstream call was made.
+    Upstream,
+    /// Served without an upstream call of its own (hit, stale, coalesced).
+    Saved,
+}
+
+impl Side {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Upstream => "upstream",
+            Self::Saved => "saved",
+        }
+    }
+
+    fn from_label(label: &str) -> Option<Self> {
+        [Self::Upstream, Self::Saved]
+            .into_iter()
+            .find(|side| side.label() == label)
+    }
+}
+
+/// What a per-tenant or per-upstream line counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Measure {
+    Answers,
+    Tokens,
+    /// Picodollars.
+    Cost,
+}
+
+impl Measure {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Answers => "answers",
+            Self::Tokens => "tokens",
+            Self::Cost => "usd",
+        }
+    }
+
+    fn from_label(label: &str) -> Option<Self> {
+        [Self::Answers, Self::Tokens, Self::Cost]
+            .into_iter()
+            .find(|measure| measure.label() == label)
+    }
+}
+
+/// Whom a per-party line is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Party {
+    /// A tenant: its configured label, or its scope's short hash.
+    Tenant,
+    /// A configured upstream.
+    Upstream,
+}
+
+impl Party {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Tenant => "tenant",
+            Self::Upstream => "upstream",
+        }
+    }
+}
+
+/// One line of the books. Every name in it is bounded: endpoint, cache status,
+/// status and via are fixed sets, models come from the model table, upstreams
+/// from the config, tenants are capped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Account {
+    /// Requests to the deduplicated endpoints, by how they were served.
+    Requests { endpoint: Arc<str>, cache: Arc<str> },
+    /// Upstream calls (all attempts of one call count once), by final status.
+    Calls {
+        upstream: Arc<str>,
+        model: Arc<str>,
+        status: Arc<str>,
+    },
+    /// Attempts beyond the first.
+    Retries { upstream: Arc<str> },
+    /// Answers served without their own upstream call, by how.
+    Saved { model: Arc<str>, via: Arc<str> },
+    Tokens {
+        side: Side,
+        kind: TokenKind,
+        model: Arc<str>,
+    },
+    /// Picodollars at the model's price.
+    Cost { side: Side, model: Arc<str> },
+    /// Answers that carried no usage.
+    UsageUnknown { side: Side, model: Arc<str> },
+    /// Tokens of answers from a model without a price (their cost is unknown).
+    Unpriced { side: Side, model: Arc<str> },
+    /// Attribution to a tenant or an upstream.
+    By {
+        party: Party,
+        side: Side,
+        measure: Measure,
+        name: Arc<str>,
+    },
+}
+
+impl Account {
+    /// Money accounts hold picodollars (nanodollars in Redis).
+    pub fn is_money(&self) -> bool {
+        matches!(
+            self,
+            Self::Cost { .. }
+                | Self::By {
+                    measure: Measure::Cost,
+                    ..
+                }
+        )
+    }
+
+    /// The Redis hash field: `|`-separated parts, each escaped, the free-form
+    /// name last. A tenant's name is left off (the store appends it, or
+    /// `other` once the cluster tracks enough tenants), see [`BatchLine`].
+    fn field(&self) -> (String, Option<&str>) {
+        let join = |parts: &[&str]| {
+            parts
+                .iter()
+                .map(|part| escape(part))
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        match self {
+            Self::Requests { endpoint, cache } => (join(&["req", endpoint, cache]), None),
+            Self::Calls {
+                upstream,
+                model,
+                status,
+            } => (join(&["call", upstream, status, model]), None),
+            Self::Retries { upstream } => (join(&["retry", upstream]), None),
+            Self::Saved { model, via } => (join(&["saved", via, model]), None),
+            Self::Tokens { side, kind, model } => {
+                (join(&["tok", side.label(), kind.label(), model]), None)
+            }
+            Self::Cost { side, model } => (join(&["usd", side.label(), model]), None),
+            Self::UsageUnknown { side, model } => (join(&["unknown", side.label(), model]), None),
+            Self::Unpriced { side, model } => (join(&["unpriced", side.label(), model]), None),
+            Self::By {
+                party,
+                side,
+                measure,
+                name,
+            } => {
+                let head = join(&[party.label(), side.label(), measure.label()]);
+                match party {
+                    Party::Tenant => (head + "|", Some(name)),
+                    Party::Upstream => (format!("{head}|{}", escape(name)), None),
+                }
+            }
+        }
+    }
+
+    /// The field as Redis holds it (tenant appended).
+    pub fn redis_field(&self) -> String {
+        let (field, tenant) = self.field();
+        match tenant {
+            Some(tenant) => field + &escape(tenant),
+            None => field,
+        }
+    }
+
+    /// Reads a field back; `None` for one this version does not know (a newer
+    /// instance's), which is then left out rather than misread.
+    pub fn parse(field: &str) -> Option<Self> {
+        let parts: Vec<String> = field.split('|').map(unescape).collect();
+        let name = |s: &String| Arc::<str>::from(s.as_str());
+        let side = |s: &String| Side::from_label(s);
+        Some(match parts.as_slice() {
+            [tag, endpoint, cache] if tag == "req" => Self::Requests {
+                endpoint: name(endpoint),
+                cache: name(cache),
+            },
+            [tag, upstream, status, model] if tag == "call" => Self::Calls {
+                upstream: name(upstream),
+                model: name(model),
+                status: name(status),
+            },
+            [tag, upstream] if tag == "retry" => Self::Retries {
+                upstream: name(upstream),
+            },
+            [tag, via, model] if tag == "saved" => Self::Saved {
+                model: name(model),
+                via: name(via),
+            },
+            [tag, s, kind, model] if tag == "tok" => Self::Tokens {
+                side: side(s)?,
+                kind: TokenKind::from_label(kind)?,
+                model: name(model),
+            },
+            [tag, s, model] if tag == "usd" => Self::Cost {
+                side: side(s)?,
+                model: name(model),
+            },
+            [tag, s, model] if tag == "unknown" => Self::UsageUnknown {
+                side: side(s)?,
+                model: name(model),
+            },
+            [tag, s, model] if tag == "unpriced" => Self::Unpriced {
+                side: side(s)?,
+                model: name(model),
+            },
+            [tag, s, measure, who] if tag == "tenant" || tag == "upstream" => Self::By {
+                party: if tag == "tenant" {
+                    Party::Tenant
+                } else {
+                    Party::Upstream
+                },
+                side: side(s)?,
+                measure: Measure::from_label(measure)?,
+                name: name(who),
+            },
+            _ => return None,
+        })
+    }
+}
+
+fn escape(part: &str) -> String {
+    part.replace('%', "%25").replace('|', "%7C")
+}
+
+fn unescape(part: &str) -> String {
+    part.replace("%7C", "|").replace("%25", "%")
+}
+
+/// Counts by account; money in picodollars. A fast hasher: accounts are
+/// bounded labels, never attacker-chosen keys, and one answer posts a dozen.
+pub type Tally = HashMap<Account, u128, foldhash::fast::RandomState>;
+
+/// One account's amounts on this instance.
+#[derive(Debug, Clone, Copy, Default)]
+struct Amounts {
+    /// Since start.
+    local: u128,
+    /// Not yet added to the cluster ledger.
+    pending: u128,
+}
+
+/// One addition to the cluster ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchLine {
+    /// The hash field; for a tenant's line, the part before the tenant's name.
+    pub field: String,
+    /// The tenant's name, for the store to append (or to fold into `other`).
+    pub tenant: Option<String>,
+    /// Count, or nanodollars for money.
+    pub delta: u64,
+}
+
+/// What one flush adds, applied at most once: `id` is unique per instance and flush.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub id: String,
+    pub lines: Vec<BatchLine>,
+    /// The same amounts as `lines`, as accounts (money in picodollars).
+    tally: Tally,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+}
+
+/// Where the cluster ledger lives (Redis, through `Cluster`).
+#[async_trait]
+pub trait LedgerStore: Send + Sync + fmt::Debug {
+    /// Adds `batch` unless a batch with its id was added before, and returns
+    /// every field of the ledger with its cluster total.
+    async fn add(&self, batch: &Batch) -> Result<Vec<(String, i64)>, LedgerUnavailable>;
+}
+
+/// The ledger could not be reached; the batch stays pending.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the cluster ledger is unavailable")]
+pub struct LedgerUnavailable;
+
+/// Whose totals a [`View`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Every instance that shares the Redis ledger, since it was created.
+    Cluster,
+    /// This instance since it started (no Redis, or not read yet).
+    Instance,
+}
+
+/// Totals to report, and where they come from.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub scope: Scope,
+    pub totals: Tally,
+    /// When the cluster totals were read (Unix ms); `None` for an instance view.
+    pub read_at_ms: Option<u64>,
+    /// Whether the last attempt to reach the ledger failed (the view is then
+    /// the last cluster totals read, plus everything counted here since).
+    pub stale: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every account this instance counted, with what it has not sent yet.
+    accounts: HashMap<Account, Amounts, foldhash::fast::RandomState>,
+    /// Sent, outcome unknown: resent as is until it is known to be applied.
+    in_doubt: Option<Batch>,
+    cluster: Option<Tally>,
+    read_at_ms: Option<u64>,
+    stale: bool,
+    tenants: HashSet<Arc<str>>,
+    flushes: u64,
+}
+
+/// The instance's books; posting never waits on Redis.
+#[derive(Debug)]
+pub struct Books {
+    state: Mutex<State>,
+    /// One flush at a time: totals read by an older flush never replace newer ones.
+    flushing: tokio::sync::Mutex<()>,
+    max_tenants: usize,
+    /// Unique per process: batch ids of two instances never collide.
+    instance: String,
+    other: Arc<str>,
+}
+
+impl Books {
+    pub fn new(max_tenants: usize) -> Self {
+        Self {
+            state: Mutex::default(),
+            flushing: tokio::sync::Mutex::new(()),
+            max_tenants,
+            instance: format!("{:016x}", rand::random::<u64>()),
+            other: OTHER.into(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every step leaves the state consistent; a panic elsewhere does not poison it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds `amounts` to the books (one lock for the lot). A tenant beyond the
+    /// first `max_tenants` this instance has seen is counted as `other`.
+    pub fn post(&self, amounts: impl IntoIterator<Item = (Account, u128)>) {
+        let mut state = self.lock();
+        for (mut account, amount) in amounts {
+            if amount == 0 {
+                continue;
+            }
+            if let Account::By {
+                party: Party::Tenant,
+                name,
+                ..
+            } = &mut account
+                && !state.tenants.contains(name)
+            {
+                if state.tenants.len() < self.max_tenants {
+                    state.tenants.insert(name.clone());
+                } else {
+                    *name = self.other.clone();
+                }
+            }
+            let amounts = state.accounts.entry(account).or_default();
+            amounts.local += amount;
+            amounts.pending += amount;
+        }
+    }
+
+    /// Everything this instance counted since it started.
+    pub fn local(&self) -> Tally {
+        let state = self.lock();
+        let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
+        local.collect()
+    }
+
+    /// Visits every local account (for `/metrics`).
+    pub fn for_each_local(&self, mut visit: impl FnMut(&Account, u128)) {
+        for (account, amounts) in &self.lock().accounts {
+            visit(account, amounts.local);
+        }
+    }
+
+    /// The totals `/stats` reports: the cluster's when they have been read,
+    /// else this instance's.
+    pub fn view(&self) -> View {
+        let state = self.lock();
+        let Some(cluster) = &state.cluster else {
+            let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
+            return View {
+                scope: Scope::Instance,
+                totals: local.collect(),
+                read_at_ms: None,
+                stale: state.stale,
+            };
+        };
+        let mut totals = cluster.clone();
+        let in_doubt = state.in_doubt.iter().flat_map(|batch| &batch.tally);
+        let pending = state.accounts.iter().map(|(account, amounts)| (account, &amounts.pending));
+        for (account, amount) in in_doubt.chain(pending) {
+            if *amount > 0 {
+                *totals.entry(account.clone()).or_default() += amount;
+            }
+        }
+        View {
+            scope: Scope::Cluster,
+            totals,
+            read_at_ms: state.read_at_ms,
+            stale: state.stale,
+        }
+    }
+
+    /// The next batch: the one in doubt, else everything pending (money in
+    /// whole nanodollars; the rest stays pending).
+    fn next_batch(&self) -> Batch {
+        let mut state = self.lock();
+        if let Some(batch) = &state.in_doubt {
+            return batch.clone();
+        }
+        state.flushes += 1;
+        let id = format!("{}:{}", self.instance, state.flushes);
+        let mut lines = Vec::new();
+        let mut tally = Tally::default();
+        for (account, Amounts { pending: amount, .. }) in &mut state.accounts {
+            let whole = if account.is_money() {
+                *amount / PICOS_PER_NANO
+            } else {
+                *amount
+            };
+            // One HINCRBY takes at most i64::MAX; a larger rest waits for the next batch.
+            let delta = u64::try_from(whole.min(i64::MAX as u128)).unwrap_or(0);
+            if delta == 0 {
+                continue;
+            }
+            let sent = if account.is_money() {
+                u128::from(delta) * PICOS_PER_NANO
+            } else {
+                u128::from(delta)
+            };
+            let (field, tenant) = account.field();
+            lines.push(BatchLine {
+                field,
+                tenant: tenant.map(str::to_owned),
+                delta,
+            });
+            tally.insert(account.clone(), sent);
+            *amount -= sent;
+        }
+        Batch { id, lines, tally }
+    }
+
+    /// Adds what is pending to the cluster ledger and reads its totals back.
+    /// On failure the batch is kept and resent as is by the next flush.
+    pub async fn flush(&self, store: &dyn LedgerStore, now_ms: u64) -> Result<(), LedgerUnavailable> {
+        let _one_at_a_time = self.flushing.lock().await;
+        let batch = self.next_batch();
+        let result = store.add(&batch).await;
+        let mut state = self.lock();
+        match result {
+            Ok(fields) => {
+                let mut cluster = Tally::default();
+                for (field, value) in fields {
+                    let (Some(account), Ok(value)) = (Account::parse(&field), u128::try_from(value))
+                    else {
+                        continue;
+                    };
+                    let value = if account.is_money() {
+                        value * PICOS_PER_NANO
+                    } else {
+                        value
+                    };
+                    *cluster.entry(account).or_default() += value;
+                }
+                state.cluster = Some(cluster);
+                state.read_at_ms = Some(now_ms);
+                state.in_doubt = None;
+                state.stale = false;
+                Ok(())
+            }
+            Err(err) => {
+                state.in_doubt = Some(batch);
+                state.stale = true;
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Flushes `books` into `store` every `interval` until `stop`, then once more.
+pub async fn run_flusher(
+    books: Arc<Books>,
+    store: Arc<dyn LedgerStore>,
+    interval: Duration,
+    stop: CancellationToken,
+    now_ms: impl Fn() -> u64 + Send + 'static,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = ticks.tick() => {
+                // A failure is logged by the store and retried on the next tick.
+                let _ = books.flush(&*store, now_ms()).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Redis semantics the cluster store implements, in memory.
+    #[derive(Debug, Default)]
+    struct FakeStore {
+        fields: Mutex<HashMap<String, i64>>,
+        applied: Mutex<HashSet<String>>,
+        tenants: Mutex<HashSet<String>>,
+        max_tenants: usize,
+        down: std::sync::atomic::AtomicBool,
+        /// Applies the batch but reports failure (a reply lost after a timeout).
+        lose_reply: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl LedgerStore for FakeStore {
+        async fn add(&self, batch: &Batch) -> Result<Vec<(String, i64)>, LedgerUnavailable> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.down.load(SeqCst) {
+                return Err(LedgerUnavailable);
+            }
+            let mut fields = self.fields.lock().unwrap();
+            if self.applied.lock().unwrap().insert(batch.id.clone()) {
+                for line in &batch.lines {
+                    let mut field = line.field.clone();
+                    if let Some(tenant) = &line.tenant {
+                        let mut tenants = self.tenants.lock().unwrap();
+                        if tenant != OTHER
+                            && (tenants.contains(tenant) || tenants.len() < self.max_tenants)
+                        {
+                            tenants.insert(tenant.clone());
+                            field += &escape(tenant);
+                        } else {
+                            field += OTHER;
+                        }
+                    }
+                    *fields.entry(field).or_default() += line.delta as i64;
+                }
+            }
+            if self.lose_reply.swap(false, SeqCst) {
+                return Err(LedgerUnavailable);
+            }
+            Ok(fields.iter().map(|(k, v)| (k.clone(), *v)).collect())
+        }
+    }
+
+    fn cost(model: &str) -> Account {
+        Account::Cost {
+            side: Side::Saved,
+            model: model.into(),
+        }
+    }
+
+    fn tenant(name: &str) -> Account {
+        Account::By {
+            party: Party::Tenant,
+            side: Side::Upstream,
+            measure: Measure::Answers,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn fields_round_trip_whatever_the_names_hold() {
+        let accounts = [
+            Account::Calls {
+                upstream: "open|ai".into(),
+                model: "a%7Cb|c".into(),
+                status: "200".into(),
+            },
+            Account::Tokens {
+                side: Side::Saved,
+                kind: TokenKind::CachedInput,
+                model: "anthropic.claude-v2:1".into(),
+            },
+            tenant("team|a"),
+            Account::By {
+                party: Party::Upstream,
+                side: Side::Saved,
+                measure: Measure::Cost,
+                name: "openai".into(),
+            },
+            Account::Requests {
+                endpoint: "chat".into(),
+                cache: "HIT".into(),
+            },
+        ];
+        for account in accounts {
+            assert_eq!(
+                Account::parse(&account.redis_field()),
+                Some(account.clone()),
+                "{}",
+                account.redis_field()
+            );
+        }
+        assert_eq!(Account::parse("future|thing"), None);
+        assert_eq!(Account::parse("tok|sideways|input|m"), None);
+    }
+
+    #[tokio::test]
+    async fn two_instances_see_the_sum_and_money_stays_exact() {
+        let store = FakeStore {
+            max_tenants: 10,
+            ..FakeStore::default()
+        };
+        let (a, b) = (Books::new(10), Books::new(10));
+        // $0.00000315 is 3150 nanodollars, 3.15e6 picodollars; add a sub-nano rest too.
+        for _ in 0..1000 {
+            a.post([(cost("m"), 3_150_000)]);
+        }
+        b.post([(cost("m"), 1_500)]);
+        assert_eq!(a.view().scope, Scope::Instance);
+        a.flush(&store, 1).await.unwrap();
+        b.flush(&store, 2).await.unwrap();
+        a.flush(&store, 3).await.unwrap();
+        // Each instance sees the cluster's whole nanodollars plus its own unsent rest.
+        for (books, expected) in [(&a, 3_150_001_000), (&b, 3_150_001_500)] {
+            let view = books.view();
+            assert_eq!(view.scope, Scope::Cluster);
+            assert_eq!(view.totals[&cost("m")], expected);
+        }
+        // The half nanodollar b could not send stays pending, and is still shown.
+        assert_eq!(store.fields.lock().unwrap()["usd|saved|m"], 3_150_001);
+        assert_eq!(a.local()[&cost("m")], 3_150_000_000);
+    }
+
+    #[tokio::test]
+    async fn a_lost_reply_is_resent_and_counted_once_and_a_dead_store_loses_nothing() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let store = FakeStore {
+            max_tenants: 10,
+            ..FakeStore::default()
+        };
+        let books = Books::new(10);
+        books.post([(tenant("t1"), 5)]);
+        store.lose_reply.store(true, SeqCst);
+        assert!(books.flush(&store, 1).await.is_err());
+        books.post([(tenant("t1"), 1)]);
+        store.down.store(true, SeqCst);
+        assert!(books.flush(&store, 2).await.is_err());
+        assert!(books.view().stale || books.view().scope == Scope::Instance);
+        store.down.store(false, SeqCst);
+        books.flush(&store, 3).await.unwrap();
+        books.flush(&store, 4).await.unwrap();
+        assert_eq!(store.fields.lock().unwrap()["tenant|upstream|answers|t1"], 6);
+        assert_eq!(books.view().totals[&tenant("t1")], 6);
+    }
+
+    #[tokio::test]
+    async fn tenants_are_bounded_here_and_in_the_store() {
+        let store = FakeStore {
+            max_tenants: 2,
+            ..FakeStore::default()
+        };
+        let books = Books::new(3);
+        for name in ["a", "b", "c", "d", "e"] {
+            books.post([(tenant(name), 1)]);
+        }
+        let local = books.local();
+        assert_eq!(local.len(), 4, "three tenants and other: {local:?}");
+        assert_eq!(local[&tenant(OTHER)], 2);
+        books.flush(&store, 1).await.unwrap();
+        let totals = books.view().totals;
+        assert_eq!(totals.values().sum::<u128>(), 5, "nothing dropped");
+        assert_eq!(totals.len(), 3, "two tenants and other: {totals:?}");
+    }
+}
