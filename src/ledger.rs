@@ -343,17 +343,153 @@ pub struct View {
     pub stale: bool,
 }
 
+/// Who one answer is counted for: the key of the per-answer front buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AnswerKey {
+    pub side: Side,
+    /// How a saved answer was served (`hit`, `stale`, `coalesced`); `None` upstream.
+    pub via: Option<&'static str>,
+    pub model: Arc<str>,
+    pub tenant: Arc<str>,
+    pub upstream: Arc<str>,
+}
+
+/// What answers under one [`AnswerKey`] add up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnswerAmounts {
+    pub answers: u64,
+    /// Answers that carried no usage.
+    pub unknown: u64,
+    /// By [`TokenKind::ALL`] order.
+    pub tokens: [u64; 5],
+    pub picos: u128,
+    /// Tokens of answers without a price.
+    pub unpriced: u64,
+}
+
+impl AnswerAmounts {
+    fn add(&mut self, other: &Self) {
+        self.answers += other.answers;
+        self.unknown += other.unknown;
+        for (mine, theirs) in self.tokens.iter_mut().zip(other.tokens) {
+            *mine += theirs;
+        }
+        self.picos += other.picos;
+        self.unpriced += other.unpriced;
+    }
+
+    /// The accounts these answers add to.
+    fn accounts(&self, key: &AnswerKey) -> Vec<(Account, u128)> {
+        let side = key.side;
+        let by = |party: Party, name: &Arc<str>, measure: Measure, amount: u128| {
+            (
+                Account::By {
+                    party,
+                    side,
+                    measure,
+                    name: name.clone(),
+                },
+                amount,
+            )
+        };
+        let tokens: u64 = self.tokens.iter().sum();
+        let mut lines = vec![
+            by(Party::Tenant, &key.tenant, Measure::Answers, self.answers.into()),
+            by(Party::Upstream, &key.upstream, Measure::Answers, self.answers.into()),
+            by(Party::Tenant, &key.tenant, Measure::Tokens, tokens.into()),
+            by(Party::Upstream, &key.upstream, Measure::Tokens, tokens.into()),
+            by(Party::Tenant, &key.tenant, Measure::Cost, self.picos),
+            by(Party::Upstream, &key.upstream, Measure::Cost, self.picos),
+            (
+                Account::Cost {
+                    side,
+                    model: key.model.clone(),
+                },
+                self.picos,
+            ),
+            (
+                Account::UsageUnknown {
+                    side,
+                    model: key.model.clone(),
+                },
+                self.unknown.into(),
+            ),
+            (
+                Account::Unpriced {
+                    side,
+                    model: key.model.clone(),
+                },
+                self.unpriced.into(),
+            ),
+        ];
+        if let Some(via) = key.via {
+            lines.push((
+                Account::Saved {
+                    model: key.model.clone(),
+                    via: via.into(),
+                },
+                self.answers.into(),
+            ));
+        }
+        for (kind, n) in TokenKind::ALL.into_iter().zip(self.tokens) {
+            lines.push((
+                Account::Tokens {
+                    side,
+                    kind,
+                    model: key.model.clone(),
+                },
+                n.into(),
+            ));
+        }
+        lines
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default)]
 struct State {
     /// Every account this instance counted, with what it has not sent yet.
-    accounts: HashMap<Account, Amounts, foldhash::fast::RandomState>,
+    accounts: FastMap<Account, Amounts>,
+    /// Answers posted since the last fold into `accounts`: one entry per
+    /// answer key instead of a dozen account lines per answer, so counting an
+    /// answer costs one lookup.
+    answers: FastMap<AnswerKey, AnswerAmounts>,
     /// Sent, outcome unknown: resent as is until it is known to be applied.
     in_doubt: Option<Batch>,
     cluster: Option<Tally>,
     read_at_ms: Option<u64>,
     stale: bool,
-    tenants: HashSet<Arc<str>>,
+    tenants: HashSet<Arc<str>, foldhash::fast::RandomState>,
     flushes: u64,
+}
+
+impl State {
+    /// Moves the buffered answers into their accounts.
+    fn fold(&mut self) {
+        let answers = std::mem::take(&mut self.answers);
+        for (key, amounts) in &answers {
+            for (account, amount) in amounts.accounts(key) {
+                if amount > 0 {
+                    let slot = self.accounts.entry(account).or_default();
+                    slot.local += amount;
+                    slot.pending += amount;
+                }
+            }
+        }
+    }
+
+    /// `name` if it is a tracked tenant or there is room to track it, else `other`.
+    fn bounded_tenant(&mut self, name: &Arc<str>, max: usize, other: &Arc<str>) -> Arc<str> {
+        if self.tenants.contains(name) {
+            return name.clone();
+        }
+        if self.tenants.len() < max {
+            self.tenants.insert(name.clone());
+            return name.clone();
+        }
+        other.clone()
+    }
 }
 
 /// The instance's books; posting never waits on Redis.
@@ -397,13 +533,8 @@ impl Books {
                 name,
                 ..
             } = &mut account
-                && !state.tenants.contains(name)
             {
-                if state.tenants.len() < self.max_tenants {
-                    state.tenants.insert(name.clone());
-                } else {
-                    *name = self.other.clone();
-                }
+                *name = state.bounded_tenant(name, self.max_tenants, &self.other);
             }
             let amounts = state.accounts.entry(account).or_default();
             amounts.local += amount;
@@ -411,16 +542,26 @@ impl Books {
         }
     }
 
+    /// Adds one answer (or several under one key): the hot path, one lookup.
+    pub fn post_answer(&self, mut key: AnswerKey, amounts: &AnswerAmounts) {
+        let mut state = self.lock();
+        key.tenant = state.bounded_tenant(&key.tenant, self.max_tenants, &self.other);
+        state.answers.entry(key).or_default().add(amounts);
+    }
+
     /// Everything this instance counted since it started.
     pub fn local(&self) -> Tally {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.fold();
         let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
         local.collect()
     }
 
     /// Visits every local account (for `/metrics`).
     pub fn for_each_local(&self, mut visit: impl FnMut(&Account, u128)) {
-        for (account, amounts) in &self.lock().accounts {
+        let mut state = self.lock();
+        state.fold();
+        for (account, amounts) in &state.accounts {
             visit(account, amounts.local);
         }
     }
@@ -428,7 +569,8 @@ impl Books {
     /// The totals `/stats` reports: the cluster's when they have been read,
     /// else this instance's.
     pub fn view(&self) -> View {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.fold();
         let Some(cluster) = &state.cluster else {
             let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
             return View {
@@ -461,6 +603,7 @@ impl Books {
         if let Some(batch) = &state.in_doubt {
             return batch.clone();
         }
+        state.fold();
         state.flushes += 1;
         let id = format!("{}:{}", self.instance, state.flushes);
         let mut lines = Vec::new();

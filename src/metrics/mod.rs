@@ -54,7 +54,7 @@ pub use stats::{
 use crate::{
     coalesce::CacheStatus,
     config::Config,
-    ledger::{Account, Books, Measure, Party, Side},
+    ledger::{Account, AnswerAmounts, AnswerKey, Books, Side},
     pricing::{PicoUsd, Snapshot},
     usage::Usage,
 };
@@ -185,11 +185,7 @@ struct Inner {
     upstream_requests: Family<UpstreamCallLabels, Counter>,
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
-    tokens: Family<TokenLabels, Counter>,
-    unpriced_tokens: Family<SourceLabels, Counter>,
     gen_ai_tokens: HistogramFamily<GenAiLabels>,
-    usage_unknown: Family<SourceLabels, Counter>,
-    saved_responses: Family<SavedLabels, Counter>,
     in_flight: Gauge,
     waiters: Gauge,
     cache_entries: Gauge,
@@ -240,36 +236,12 @@ impl Metrics {
             "Duration of one upstream call, every attempt and backoff included",
             upstream_duration.clone(),
         );
-        let tokens = Family::<TokenLabels, Counter>::default();
-        registry.register(
-            "corral_tokens",
-            "Tokens from the provider's usage, by billed kind (input, cached_input, cache_write, output, reasoning; disjoint, so they sum to all tokens): source=upstream were paid for, source=saved were served without a call",
-            tokens.clone(),
-        );
-        let unpriced_tokens = Family::<SourceLabels, Counter>::default();
-        registry.register(
-            "corral_unpriced_tokens",
-            "Tokens of answers from a model with no price (in neither pricing.models nor the snapshot): their cost is unknown and not in corral_cost_usd_total",
-            unpriced_tokens.clone(),
-        );
         let gen_ai_tokens: HistogramFamily<GenAiLabels> =
             Family::new_with_constructor(token_histogram);
         registry.register(
             "gen_ai_client_token_usage",
             "OpenTelemetry GenAI gen_ai.client.token.usage: tokens per upstream answer, by gen_ai.token.type (input includes cached input, output includes reasoning)",
             gen_ai_tokens.clone(),
-        );
-        let usage_unknown = Family::<SourceLabels, Counter>::default();
-        registry.register(
-            "corral_usage_unknown",
-            "Responses that carried no usage: their tokens and cost are unknown and not counted",
-            usage_unknown.clone(),
-        );
-        let saved_responses = Family::<SavedLabels, Counter>::default();
-        registry.register(
-            "corral_saved_responses",
-            "Responses served without their own upstream call, by how (hit, stale, coalesced)",
-            saved_responses.clone(),
         );
         let in_flight = Gauge::default();
         registry.register(
@@ -297,7 +269,7 @@ impl Metrics {
         );
 
         let books = Arc::new(Books::new(config.ledger.max_tenants));
-        registry.register_collector(Box::new(CostCollector(books.clone())));
+        registry.register_collector(Box::new(BooksCollector(books.clone())));
 
         let upstreams: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
         // Series that exist from the start, so rates and ratios are defined
@@ -329,11 +301,7 @@ impl Metrics {
                 upstream_requests,
                 upstream_retries,
                 upstream_duration,
-                tokens,
-                unpriced_tokens,
                 gen_ai_tokens,
-                usage_unknown,
-                saved_responses,
                 in_flight,
                 waiters,
                 cache_entries,
@@ -440,7 +408,7 @@ impl Metrics {
                     .observe(tokens as f64);
             }
         }
-        self.add_usage(who, Side::Upstream, usage);
+        self.add_usage(who, Side::Upstream, None, usage);
     }
 
     /// A response served to a caller. HIT, STALE and COALESCED were served
@@ -453,21 +421,7 @@ impl Metrics {
             CacheStatus::Coalesced => "coalesced",
             CacheStatus::Miss | CacheStatus::Bypass => return,
         };
-        self.inner
-            .saved_responses
-            .get_or_create(&SavedLabels {
-                model: who.model.shared_name(),
-                via,
-            })
-            .inc();
-        self.inner.books.post([(
-            Account::Saved {
-                model: who.model.shared_name(),
-                via: via.into(),
-            },
-            1,
-        )]);
-        self.add_usage(who, Side::Saved, usage);
+        self.add_usage(who, Side::Saved, Some(via), usage);
     }
 
     /// A Redis operation failed or timed out.
@@ -475,89 +429,39 @@ impl Metrics {
         self.inner.redis_errors.inc();
     }
 
-    /// Tokens, cost and attribution of one answer, into the registry and the
-    /// books (one lock for all of its lines).
-    fn add_usage(&self, who: &Attribution, side: Side, usage: Option<Usage>) {
-        let model = who.model.shared_name();
-        let source = side.label();
-        let by = |party: Party, name: &Arc<str>, measure: Measure, amount: u128| {
-            (
-                Account::By {
-                    party,
-                    side,
-                    measure,
-                    name: name.clone(),
-                },
-                amount,
-            )
+    /// One answer's tokens, cost and attribution, into the books: one post,
+    /// which `/metrics` and `/stats` both read.
+    fn add_usage(
+        &self,
+        who: &Attribution,
+        side: Side,
+        via: Option<&'static str>,
+        usage: Option<Usage>,
+    ) {
+        let mut amounts = AnswerAmounts {
+            answers: 1,
+            ..AnswerAmounts::default()
         };
-        let answered = [
-            by(Party::Tenant, &who.tenant, Measure::Answers, 1),
-            by(Party::Upstream, &who.upstream, Measure::Answers, 1),
-        ];
-        let Some(usage) = usage else {
-            self.inner
-                .usage_unknown
-                .get_or_create(&SourceLabels {
-                    model: model.clone(),
-                    source,
-                })
-                .inc();
-            self.inner
-                .books
-                .post(answered.into_iter().chain([(Account::UsageUnknown { side, model }, 1)]));
-            return;
-        };
-        let mut lines = Vec::with_capacity(14);
-        lines.extend(answered);
-        for (kind, tokens) in usage.billed() {
-            if tokens == 0 {
-                continue;
-            }
-            self.inner
-                .tokens
-                .get_or_create(&TokenLabels {
-                    model: model.clone(),
-                    kind: kind.label(),
-                    source,
-                })
-                .inc_by(tokens);
-            lines.push((
-                Account::Tokens {
-                    side,
-                    kind,
-                    model: model.clone(),
-                },
-                u128::from(tokens),
-            ));
-        }
-        let total = u128::from(usage.total());
-        lines.push(by(Party::Tenant, &who.tenant, Measure::Tokens, total));
-        lines.push(by(Party::Upstream, &who.upstream, Measure::Tokens, total));
-        match who.model.cost(&usage) {
-            Some(PicoUsd(cost)) => {
-                lines.push((
-                    Account::Cost {
-                        side,
-                        model: model.clone(),
-                    },
-                    cost,
-                ));
-                lines.push(by(Party::Tenant, &who.tenant, Measure::Cost, cost));
-                lines.push(by(Party::Upstream, &who.upstream, Measure::Cost, cost));
-            }
-            None => {
-                self.inner
-                    .unpriced_tokens
-                    .get_or_create(&SourceLabels {
-                        model: model.clone(),
-                        source,
-                    })
-                    .inc_by(usage.total());
-                lines.push((Account::Unpriced { side, model }, total));
+        match usage {
+            None => amounts.unknown = 1,
+            Some(usage) => {
+                for (slot, (_, tokens)) in amounts.tokens.iter_mut().zip(usage.billed()) {
+                    *slot = tokens;
+                }
+                match who.model.cost(&usage) {
+                    Some(PicoUsd(picos)) => amounts.picos = picos,
+                    None => amounts.unpriced = usage.total(),
+                }
             }
         }
-        self.inner.books.post(lines);
+        let key = AnswerKey {
+            side,
+            via,
+            model: who.model.shared_name(),
+            tenant: who.tenant.clone(),
+            upstream: who.upstream.clone(),
+        };
+        self.inner.books.post_answer(key, &amounts);
     }
 
     /// Sets the gauges read from the running gateway; call before `encode`/`stats`.
@@ -590,39 +494,116 @@ fn gen_ai_operation(endpoint: &str) -> &'static str {
     }
 }
 
-/// `corral_cost_usd_total`, encoded at each scrape from the books' integer
-/// picodollars (this instance's), so the float is made once, at the edge.
+/// The answer counters (`corral_tokens_total`, `corral_cost_usd_total`,
+/// `corral_usage_unknown_total`, `corral_unpriced_tokens_total`,
+/// `corral_saved_responses_total`), encoded at each scrape from this
+/// instance's books: one post per answer feeds `/metrics` and `/stats` alike,
+/// and money leaves its integer picodollars only here, as the float Prometheus wants.
 #[derive(Debug)]
-struct CostCollector(Arc<Books>);
+struct BooksCollector(Arc<Books>);
 
-impl Collector for CostCollector {
+/// One family's series, sorted for a stable scrape.
+type Series<L, V> = Vec<(L, V)>;
+
+impl Collector for BooksCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let mut costs: Vec<(SourceLabels, PicoUsd)> = Vec::new();
-        self.0.for_each_local(|account, amount| {
-            if let Account::Cost { side, model } = account {
-                let labels = SourceLabels {
+        let mut tokens: Series<TokenLabels, u64> = Vec::new();
+        let mut cost: Series<SourceLabels, PicoUsd> = Vec::new();
+        let mut unknown: Series<SourceLabels, u64> = Vec::new();
+        let mut unpriced: Series<SourceLabels, u64> = Vec::new();
+        let mut saved: Series<SavedLabels, u64> = Vec::new();
+        let count = |amount: u128| u64::try_from(amount).unwrap_or(u64::MAX);
+        let source = |model: &Arc<str>, side: &Side| SourceLabels {
+            model: model.clone(),
+            source: side.label(),
+        };
+        self.0.for_each_local(|account, amount| match account {
+            Account::Tokens { side, kind, model } => tokens.push((
+                TokenLabels {
                     model: model.clone(),
+                    kind: kind.label(),
                     source: side.label(),
-                };
-                costs.push((labels, PicoUsd(amount)));
+                },
+                count(amount),
+            )),
+            Account::Cost { side, model } => cost.push((source(model, side), PicoUsd(amount))),
+            Account::UsageUnknown { side, model } => {
+                unknown.push((source(model, side), count(amount)));
             }
+            Account::Unpriced { side, model } => {
+                unpriced.push((source(model, side), count(amount)));
+            }
+            Account::Saved { model, via } => {
+                if let Some(via) = VIA_LABELS.into_iter().find(|known| **via == **known) {
+                    saved.push((
+                        SavedLabels {
+                            model: model.clone(),
+                            via,
+                        },
+                        count(amount),
+                    ));
+                }
+            }
+            _ => {}
         });
-        if costs.is_empty() {
-            return Ok(());
-        }
-        costs.sort_by(|a, b| (&a.0.model, a.0.source).cmp(&(&b.0.model, b.0.source)));
-        let counter = ConstCounter::new(0.0_f64);
-        let mut family = encoder.encode_descriptor(
-            "corral_cost_usd",
-            "USD at the model's price (pricing.models, else the embedded snapshot), this instance: source=upstream spent, source=saved not spent",
-            None,
-            counter.metric_type(),
+        tokens.sort_by(|a, b| (&a.0.model, a.0.source, a.0.kind).cmp(&(&b.0.model, b.0.source, b.0.kind)));
+        let by_source = |a: &SourceLabels, b: &SourceLabels| (&a.model, a.source).cmp(&(&b.model, b.source));
+        cost.sort_by(|a, b| by_source(&a.0, &b.0));
+        unknown.sort_by(|a, b| by_source(&a.0, &b.0));
+        unpriced.sort_by(|a, b| by_source(&a.0, &b.0));
+        saved.sort_by(|a, b| (&a.0.model, a.0.via).cmp(&(&b.0.model, b.0.via)));
+
+        encode_counters(
+            &mut encoder,
+            "corral_tokens",
+            "Tokens from the provider's usage, by billed kind (input, cached_input, cache_write, output, reasoning: disjoint, so they sum to all tokens): source=upstream were paid for, source=saved were served without a call",
+            tokens,
         )?;
-        for (labels, cost) in costs {
-            ConstCounter::new(cost.as_usd()).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+        encode_counters(
+            &mut encoder,
+            "corral_cost_usd",
+            "USD at the model's price (pricing.models, else the embedded snapshot): source=upstream spent, source=saved not spent",
+            cost.into_iter().map(|(labels, usd)| (labels, usd.as_usd())),
+        )?;
+        encode_counters(
+            &mut encoder,
+            "corral_usage_unknown",
+            "Responses that carried no usage: their tokens and cost are unknown and not counted",
+            unknown,
+        )?;
+        encode_counters(
+            &mut encoder,
+            "corral_unpriced_tokens",
+            "Tokens of answers from a model with no price (in neither pricing.models nor the snapshot): their cost is unknown and not in corral_cost_usd_total",
+            unpriced,
+        )?;
+        encode_counters(
+            &mut encoder,
+            "corral_saved_responses",
+            "Responses served without their own upstream call, by how (hit, stale, coalesced)",
+            saved,
+        )
     }
+}
+
+/// One counter family: its descriptor (always, so the family is visible before
+/// its first series), then one series per label set.
+fn encode_counters<L, V>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), fmt::Error>
+where
+    L: EncodeLabelSet,
+    V: prometheus_client::encoding::EncodeCounterValue,
+{
+    let mut family =
+        encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
