@@ -598,10 +598,10 @@ impl Books {
 
     /// The next batch: the one in doubt, else everything pending (money in
     /// whole nanodollars; the rest stays pending).
-    fn next_batch(&self) -> Batch {
+    fn next_batch(&self) -> (Batch, bool) {
         let mut state = self.lock();
         if let Some(batch) = &state.in_doubt {
-            return batch.clone();
+            return (batch.clone(), true);
         }
         state.fold();
         state.flushes += 1;
@@ -633,44 +633,54 @@ impl Books {
             tally.insert(account.clone(), sent);
             *amount -= sent;
         }
-        Batch { id, lines, tally }
+        (Batch { id, lines, tally }, false)
     }
 
     /// Adds what is pending to the cluster ledger and reads its totals back.
-    /// On failure the batch is kept and resent as is by the next flush.
+    /// A batch left in doubt by an earlier flush goes first, then the rest. On
+    /// failure the batch is kept and resent as is by the next flush.
     pub async fn flush(&self, store: &dyn LedgerStore, now_ms: u64) -> Result<(), LedgerUnavailable> {
         let _one_at_a_time = self.flushing.lock().await;
-        let batch = self.next_batch();
-        let result = store.add(&batch).await;
-        let mut state = self.lock();
-        match result {
-            Ok(fields) => {
-                let mut cluster = Tally::default();
-                for (field, value) in fields {
-                    let (Some(account), Ok(value)) = (Account::parse(&field), u128::try_from(value))
-                    else {
-                        continue;
-                    };
-                    let value = if account.is_money() {
-                        value * PICOS_PER_NANO
-                    } else {
-                        value
-                    };
-                    *cluster.entry(account).or_default() += value;
+        loop {
+            let (batch, resent) = self.next_batch();
+            let result = store.add(&batch).await;
+            let mut state = self.lock();
+            match result {
+                Ok(fields) => {
+                    state.cluster = Some(parse_totals(fields));
+                    state.read_at_ms = Some(now_ms);
+                    state.in_doubt = None;
+                    state.stale = false;
+                    if !resent {
+                        return Ok(());
+                    }
                 }
-                state.cluster = Some(cluster);
-                state.read_at_ms = Some(now_ms);
-                state.in_doubt = None;
-                state.stale = false;
-                Ok(())
-            }
-            Err(err) => {
-                state.in_doubt = Some(batch);
-                state.stale = true;
-                Err(err)
+                Err(err) => {
+                    state.in_doubt = Some(batch);
+                    state.stale = true;
+                    return Err(err);
+                }
             }
         }
     }
+}
+
+/// The ledger's fields as accounts (money from nanodollars to picodollars);
+/// a field this version cannot read is left out.
+fn parse_totals(fields: Vec<(String, i64)>) -> Tally {
+    let mut totals = Tally::default();
+    for (field, value) in fields {
+        let (Some(account), Ok(value)) = (Account::parse(&field), u128::try_from(value)) else {
+            continue;
+        };
+        let value = if account.is_money() {
+            value * PICOS_PER_NANO
+        } else {
+            value
+        };
+        *totals.entry(account).or_default() += value;
+    }
+    totals
 }
 
 /// Flushes `books` into `store` every `interval` until `stop`, then once more.

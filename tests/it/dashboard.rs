@@ -103,6 +103,7 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
                     input: 0.15,
                     output: 0.60,
                     cached_input: None,
+                    cache_write: None,
                 },
             ),
             (
@@ -111,6 +112,7 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
                     input: 0.02,
                     output: 0.0,
                     cached_input: None,
+                    cache_write: None,
                 },
             ),
         ]);

@@ -24,6 +24,8 @@ pub struct TestGateway {
     pub provider: MockProvider,
     pub clock: Arc<ManualClock>,
     pub client: reqwest::Client,
+    /// The `serve` task: resolves once the instance has drained and shut down.
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
     _stop: DropGuard,
 }
 
@@ -76,7 +78,7 @@ impl TestGateway {
         let state =
             Arc::new(AppState::build_with_clock(config, clock.clone()).expect("state builds"));
         let stop = CancellationToken::new();
-        tokio::spawn(corral::serve(
+        let serving = tokio::spawn(corral::serve(
             listener,
             state.clone(),
             stop.clone().cancelled_owned(),
@@ -92,8 +94,21 @@ impl TestGateway {
             provider,
             clock,
             client,
+            serving,
             _stop: stop.drop_guard(),
         }
+    }
+
+    /// Shuts the instance down as SIGTERM would (drain, last ledger flush) and
+    /// waits until it has.
+    pub async fn stop(self) {
+        let Self { serving, _stop, .. } = self;
+        drop(_stop);
+        tokio::time::timeout(WAIT, serving)
+            .await
+            .expect("the instance shuts down")
+            .expect("serve did not panic")
+            .expect("serve ends cleanly");
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Reply {

@@ -8,6 +8,7 @@ mod redis_server;
 
 mod bad_input;
 mod cluster;
+mod cost;
 mod dashboard;
 mod dedup;
 mod edges;

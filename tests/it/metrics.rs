@@ -24,6 +24,7 @@ fn price(input: f64, output: f64) -> ModelPrice {
         input,
         output,
         cached_input: None,
+        cache_write: None,
     }
 }
 
@@ -185,10 +186,10 @@ async fn fifty_coalesced_and_fifty_cached_repeats_are_ninety_nine_saved_response
             &[model, ("kind", kind), ("source", source)],
         )
     };
-    assert_eq!(tokens("prompt", "saved"), 99.0 * prompt as f64);
-    assert_eq!(tokens("completion", "saved"), 99.0 * completion as f64);
-    assert_eq!(tokens("prompt", "upstream"), prompt as f64);
-    assert_eq!(tokens("completion", "upstream"), completion as f64);
+    assert_eq!(tokens("input", "saved"), 99.0 * prompt as f64);
+    assert_eq!(tokens("output", "saved"), 99.0 * completion as f64);
+    assert_eq!(tokens("input", "upstream"), prompt as f64);
+    assert_eq!(tokens("output", "upstream"), completion as f64);
     let saved_usd = sum(&m, "corral_cost_usd_total", &[model, ("source", "saved")]);
     let spent_usd = sum(
         &m,
@@ -342,7 +343,7 @@ async fn the_exposition_parses_and_carries_every_contracted_family() {
         sum(
             &m,
             "corral_tokens_total",
-            &[embedding_model, ("kind", "prompt"), ("source", "upstream")]
+            &[embedding_model, ("kind", "input"), ("source", "upstream")]
         ),
         input as f64
     );
@@ -350,7 +351,7 @@ async fn the_exposition_parses_and_carries_every_contracted_family() {
         sum(
             &m,
             "corral_tokens_total",
-            &[embedding_model, ("kind", "completion")]
+            &[embedding_model, ("kind", "output")]
         ),
         0.0
     );
@@ -441,8 +442,18 @@ async fn model_labels_stay_bounded_and_carry_no_tenant_prompt_or_fingerprint() {
         for (name, value) in sample.labels.iter() {
             assert!(
                 [
-                    "endpoint", "cache", "upstream", "model", "status", "kind", "source", "via",
-                    "le"
+                    "endpoint",
+                    "cache",
+                    "upstream",
+                    "model",
+                    "status",
+                    "kind",
+                    "source",
+                    "via",
+                    "le",
+                    "gen_ai_operation_name",
+                    "gen_ai_request_model",
+                    "gen_ai_token_type"
                 ]
                 .contains(&name.as_str()),
                 "unexpected label {name}"
@@ -575,7 +586,7 @@ async fn a_stale_answer_is_saved_and_its_refresh_is_paid() {
         sum(
             &m,
             "corral_tokens_total",
-            &[("kind", "prompt"), ("source", "upstream")]
+            &[("kind", "input"), ("source", "upstream")]
         ),
         2.0 * prompt as f64
     );
@@ -686,10 +697,10 @@ async fn coalesced_and_replayed_streams_count_their_savings() {
             &[("kind", kind), ("source", source)],
         )
     };
-    assert_eq!(tokens("prompt", "upstream"), prompt);
-    assert_eq!(tokens("completion", "upstream"), completion);
-    assert_eq!(tokens("prompt", "saved"), 14.0 * prompt);
-    assert_eq!(tokens("completion", "saved"), 14.0 * completion);
+    assert_eq!(tokens("input", "upstream"), prompt);
+    assert_eq!(tokens("output", "upstream"), completion);
+    assert_eq!(tokens("input", "saved"), 14.0 * prompt);
+    assert_eq!(tokens("output", "saved"), 14.0 * completion);
     let saved = sum(&m, "corral_cost_usd_total", &[("source", "saved")]);
     let expected = 14.0 * (prompt * INPUT + completion * OUTPUT) / 1e6;
     assert!((saved - expected).abs() < 1e-9, "{saved} != {expected}");

@@ -144,7 +144,7 @@ impl Python {
         if deps.is_dir() && installed.imports_openai().await {
             return installed;
         }
-        install_openai(&deps).await;
+        pip_install(OPENAI_REQUIREMENT, &deps).await;
         assert!(
             installed.imports_openai().await,
             "installed {OPENAI_REQUIREMENT} into {} but python3 cannot import it",
@@ -171,11 +171,11 @@ impl Python {
     }
 }
 
-/// Installs the SDK into a fresh staging directory and moves it into place
-/// only once pip succeeded. pip `--target` skips packages already present in
-/// its target, so a run killed mid-install must not leave a half-filled `deps`
-/// that later runs would keep failing on.
-async fn install_openai(deps: &Path) {
+/// Installs `requirement` into a fresh staging directory and moves it into
+/// place as `deps` only once pip succeeded. pip `--target` skips packages
+/// already present in its target, so a run killed mid-install must not leave a
+/// half-filled `deps` that later runs would keep failing on.
+pub(crate) async fn pip_install(requirement: &str, deps: &Path) {
     let staging = deps.with_extension(format!("partial-{}", std::process::id()));
     remove_dir(&staging);
     let mut command = Command::new("python3");
@@ -190,11 +190,11 @@ async fn install_openai(deps: &Path) {
             "--target",
         ])
         .arg(&staging)
-        .arg(OPENAI_REQUIREMENT);
+        .arg(requirement);
     let output = run(command, INSTALL_TIMEOUT, "pip install").await;
     assert!(
         output.status.success(),
-        "`python3 -m pip install {OPENAI_REQUIREMENT}` failed ({}); the SDK test needs pip \
+        "`python3 -m pip install {requirement}` failed ({}); this test needs pip \
          and access to PyPI (e.g. apt-get install python3-pip):\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
@@ -223,7 +223,7 @@ pub(crate) async fn run(mut command: Command, timeout: Duration, what: &str) -> 
     let child = command.spawn().unwrap_or_else(|err| {
         if err.kind() == ErrorKind::NotFound {
             panic!(
-                "python3 is not on PATH; the OpenAI SDK test needs Python 3 with pip \
+                "python3 is not on PATH; this test needs Python 3 with pip \
                  (e.g. apt-get install python3 python3-pip)"
             )
         }
