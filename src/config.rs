@@ -1309,27 +1309,32 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_pricing_covers_the_common_models() {
+    fn the_shipped_config_prices_through_the_snapshot_and_names_the_ledger() {
         let config = Config::load(EMBEDDED_DEFAULT, []).unwrap();
-        assert!(
-            config.pricing.as_of.is_some(),
-            "the table says when prices were taken"
-        );
-        let names: Vec<&str> = config
-            .pricing
-            .models
-            .0
-            .iter()
-            .map(|(name, _)| name.as_str())
-            .collect();
-        for model in [
-            "gpt-4o",
-            "gpt-4o-mini",
-            "text-embedding-3-small",
-            "claude-sonnet-4*",
+        assert!(config.pricing.snapshot, "the snapshot prices by default");
+        assert!(config.pricing.models.0.is_empty(), "no hand-typed table to rot");
+        assert_eq!(config.ledger.flush_interval, Duration::from_secs(1));
+        assert_eq!(config.ledger.top_tenants, 10);
+    }
+
+    #[test]
+    fn key_labels_name_tenants_and_are_checked() {
+        let hash = "ab".repeat(32);
+        let yaml = format!("{BASE}auth:\n  key_labels:\n    team-a: '{hash}'\n");
+        let config = Config::load(&yaml, []).unwrap();
+        assert_eq!(config.auth.labels_by_hash, vec![([0xab; 32], "team-a".to_owned())]);
+        for (labels, expected) in [
+            ("team-a: nothex", "auth.key_labels.team-a"),
+            (&format!("other: '{hash}'") as &str, "auth.key_labels.other"),
         ] {
-            assert!(names.contains(&model), "{model} missing from {names:?}");
+            let yaml = format!("{BASE}auth:\n  key_labels:\n    {labels}\n");
+            let err = Config::load(&yaml, []).unwrap_err().to_string();
+            assert!(err.contains(expected), "{labels}: {err}");
         }
+        let err = Config::load(&format!("{BASE}ledger:\n  max_tenants: 0\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ledger.max_tenants"), "{err}");
     }
 
     #[test]

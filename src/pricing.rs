@@ -261,6 +261,52 @@ mod tests {
         assert_eq!(total.nanos(), 3_150_000_000);
     }
 
+    /// Done when: the shipped table prices the current OpenAI, Anthropic,
+    /// Google, Mistral and DeepSeek models (hundreds of entries).
+    #[test]
+    fn the_snapshot_prices_the_current_models_of_the_main_providers() {
+        let snapshot = snapshot();
+        for (provider, at_least) in [
+            ("openai", 60),
+            ("anthropic", 20),
+            ("google", 40),
+            ("mistral", 25),
+            ("deepseek", 5),
+        ] {
+            let n = snapshot.models.iter().filter(|m| m.provider == provider).count();
+            assert!(n >= at_least, "{provider}: {n} models");
+        }
+        let config = crate::config::Config::for_tests("http://127.0.0.1:1/v1");
+        let table = crate::metrics::ModelTable::new(&config.pricing, Some(snapshot), &[]);
+        for (model, id, input, cached_input, output) in [
+            ("gpt-4o", "gpt-4o", 2.5, Some(1.25), 10.0),
+            ("gpt-4o-2024-08-06", "gpt-4o", 2.5, Some(1.25), 10.0),
+            ("gpt-4.1", "gpt-4.1", 2.0, Some(0.5), 8.0),
+            ("o3", "o3", 2.0, Some(0.5), 8.0),
+            ("gpt-5", "gpt-5", 1.25, Some(0.125), 10.0),
+            ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5", 3.0, Some(0.3), 15.0),
+            ("claude-opus-4-1", "claude-opus-4-1", 15.0, Some(1.5), 75.0),
+            ("claude-haiku-4-5", "claude-haiku-4-5", 1.0, Some(0.1), 5.0),
+            ("gemini-2.5-pro", "gemini-2.5-pro", 1.25, Some(0.125), 10.0),
+            ("gemini-2.5-flash", "gemini-2.5-flash", 0.3, Some(0.03), 2.5),
+            ("mistral-large-latest", "mistral-large", 2.0, None, 6.0),
+            ("mistral-small-latest", "mistral-small-latest", 0.15, Some(0.015), 0.6),
+            ("deepseek-chat", "deepseek-chat", 0.27, Some(0.07), 1.1),
+            ("deepseek-reasoner", "deepseek-reasoner", 0.55, Some(0.14), 2.19),
+        ] {
+            let label = table.label(model);
+            assert_eq!(label.as_str(), id, "{model}");
+            let price = label.price().unwrap();
+            assert_eq!(
+                (price.input, price.cached_input, price.output),
+                (input, cached_input, output),
+                "{model}"
+            );
+        }
+        // Anthropic prices cache writes; the snapshot carries them.
+        assert_eq!(table.label("claude-sonnet-4-5").price().unwrap().cache_write, Some(3.75));
+    }
+
     #[test]
     fn the_embedded_snapshot_parses_and_every_price_is_exact() {
         let snapshot = snapshot();
@@ -269,6 +315,10 @@ mod tests {
         for model in &snapshot.models {
             assert!(Rates::of(&model.price()).is_some(), "{model:?}");
             assert!(!model.names.is_empty(), "{}", model.id);
+            for name in &model.names {
+                assert!(glob::Pattern::new(name).is_ok(), "{}: {name}", model.id);
+                assert_eq!(name, &name.to_lowercase(), "{}", model.id);
+            }
         }
     }
 }

@@ -751,6 +751,45 @@ mod tests {
         );
     }
 
+    /// Done when: the Anthropic shape (cache reads and writes outside
+    /// `input_tokens`) is billed kind by kind, exactly, and 9 repeats save 9x.
+    #[test]
+    fn an_anthropic_answer_bills_cache_reads_and_writes_at_their_prices() {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.pricing.snapshot = true;
+        let metrics = Metrics::new(&config);
+        let who = bill(&metrics, "claude-sonnet-4-5-20250929");
+        assert_eq!(who.model.as_str(), "claude-sonnet-4-5", "priced by the snapshot");
+        let answer = br#"{"id":"msg_01","type":"message","role":"assistant",
+            "model":"claude-sonnet-4-5-20250929","content":[{"type":"text","text":"42"}],
+            "stop_reason":"end_turn","stop_sequence":null,
+            "usage":{"input_tokens":100,"cache_creation_input_tokens":300,
+                     "cache_read_input_tokens":2000,"output_tokens":50}}"#;
+        let usage = Usage::from_body(answer).expect("Anthropic usage parses");
+        metrics.upstream_usage(&who, Some(usage));
+        for _ in 0..9 {
+            metrics.served(&who, CacheStatus::Hit, Some(usage));
+        }
+        // 100 x 3 + 2000 x 0.30 + 300 x 3.75 + 50 x 15 per million = $0.002775.
+        let one: u64 = 2_775_000;
+        let stats = metrics.stats();
+        assert_eq!(stats.cost_nano_usd.upstream, one);
+        assert_eq!(stats.cost_nano_usd.saved, 9 * one);
+        assert_eq!(stats.tokens.upstream.input, 100);
+        assert_eq!(stats.tokens.upstream.cached_input, 2000);
+        assert_eq!(stats.tokens.upstream.cache_write, 300);
+        assert_eq!(stats.tokens.upstream.prompt, 2400);
+        let text = metrics.encode();
+        for line in [
+            r#"corral_cost_usd_total{model="claude-sonnet-4-5",source="upstream"} 0.002775"#,
+            r#"corral_cost_usd_total{model="claude-sonnet-4-5",source="saved"} 0.024975"#,
+            r#"corral_tokens_total{model="claude-sonnet-4-5",kind="cache_write",source="upstream"} 300"#,
+            r#"corral_tokens_total{model="claude-sonnet-4-5",kind="cached_input",source="saved"} 18000"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+    }
+
     #[test]
     fn gen_ai_token_usage_counts_input_and_output_per_upstream_answer() {
         let metrics = metrics();

@@ -15,6 +15,7 @@ mod edges;
 mod fuzz_corpora;
 mod logs;
 mod metrics;
+mod pricing;
 mod protection;
 mod retry;
 mod sdk;
