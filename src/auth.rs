@@ -197,12 +197,17 @@ mod tests {
         let mut config = Config::for_tests("http://127.0.0.1:1/v1");
         config.auth.labels_by_hash = vec![(key_hash(b"gw-team-a"), "team-a".to_owned())];
         let auth = Auth::new(&config);
-        assert_eq!(&*auth.tenant_label(&headers(Some("Bearer gw-team-a")), None), "team-a");
+        assert_eq!(
+            &*auth.tenant_label(&headers(Some("Bearer gw-team-a")), None),
+            "team-a"
+        );
         let other = auth.tenant_label(&headers(Some("Bearer sk-other")), None);
         assert_eq!(other.len(), SHORT_SCOPE);
         assert!(other.starts_with('t'), "{other}");
         assert!(!other.contains("sk-other"));
-        let scope = auth.authenticate(&headers(Some("Bearer sk-other"))).unwrap();
+        let scope = auth
+            .authenticate(&headers(Some("Bearer sk-other")))
+            .unwrap();
         assert_eq!(auth.tenant_label(&headers(None), Some(&scope)), other);
         assert_eq!(&*auth.tenant_label(&headers(None), None), "anonymous");
     }

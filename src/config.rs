@@ -1312,7 +1312,10 @@ mod tests {
     fn the_shipped_config_prices_through_the_snapshot_and_names_the_ledger() {
         let config = Config::load(EMBEDDED_DEFAULT, []).unwrap();
         assert!(config.pricing.snapshot, "the snapshot prices by default");
-        assert!(config.pricing.models.0.is_empty(), "no hand-typed table to rot");
+        assert!(
+            config.pricing.models.0.is_empty(),
+            "no hand-typed table to rot"
+        );
         assert_eq!(config.ledger.flush_interval, Duration::from_secs(1));
         assert_eq!(config.ledger.top_tenants, 10);
     }
@@ -1322,7 +1325,10 @@ mod tests {
         let hash = "ab".repeat(32);
         let yaml = format!("{BASE}auth:\n  key_labels:\n    team-a: '{hash}'\n");
         let config = Config::load(&yaml, []).unwrap();
-        assert_eq!(config.auth.labels_by_hash, vec![([0xab; 32], "team-a".to_owned())]);
+        assert_eq!(
+            config.auth.labels_by_hash,
+            vec![([0xab; 32], "team-a".to_owned())]
+        );
         for (labels, expected) in [
             ("team-a: nothex", "auth.key_labels.team-a"),
             (&format!("other: '{hash}'") as &str, "auth.key_labels.other"),

@@ -16,9 +16,9 @@ use serde_json::Value;
 use crate::{
     cache::{StoredResponse, Usage},
     coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
+    config::CacheScope,
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
-    config::CacheScope,
     metrics::{Attribution, Metrics},
     request::DedupRequest,
     sse::{self, StreamLog},
@@ -448,7 +448,10 @@ async fn stream_through(
     outbound: &Outbound,
     bill: &Attribution,
 ) -> Result<Response, GatewayError> {
-    let upstream = app.upstream.call_streaming_billed(outbound, &bill.model).await?;
+    let upstream = app
+        .upstream
+        .call_streaming_billed(outbound, &bill.model)
+        .await?;
     app.metrics.upstream_usage(bill, None);
     let status = upstream.status();
     let content_type = upstream

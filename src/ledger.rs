@@ -31,10 +31,7 @@ use std::{
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    pricing::PICOS_PER_NANO,
-    usage::TokenKind,
-};
+use crate::{pricing::PICOS_PER_NANO, usage::TokenKind};
 
 /// The name every tenant or upstream beyond the tracked ones is counted under.
 pub const OTHER: &str = "other";
@@ -394,10 +391,25 @@ impl AnswerAmounts {
         };
         let tokens: u64 = self.tokens.iter().sum();
         let mut lines = vec![
-            by(Party::Tenant, &key.tenant, Measure::Answers, self.answers.into()),
-            by(Party::Upstream, &key.upstream, Measure::Answers, self.answers.into()),
+            by(
+                Party::Tenant,
+                &key.tenant,
+                Measure::Answers,
+                self.answers.into(),
+            ),
+            by(
+                Party::Upstream,
+                &key.upstream,
+                Measure::Answers,
+                self.answers.into(),
+            ),
             by(Party::Tenant, &key.tenant, Measure::Tokens, tokens.into()),
-            by(Party::Upstream, &key.upstream, Measure::Tokens, tokens.into()),
+            by(
+                Party::Upstream,
+                &key.upstream,
+                Measure::Tokens,
+                tokens.into(),
+            ),
             by(Party::Tenant, &key.tenant, Measure::Cost, self.picos),
             by(Party::Upstream, &key.upstream, Measure::Cost, self.picos),
             (
@@ -553,7 +565,10 @@ impl Books {
     pub fn local(&self) -> Tally {
         let mut state = self.lock();
         state.fold();
-        let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
+        let local = state
+            .accounts
+            .iter()
+            .map(|(account, amounts)| (account.clone(), amounts.local));
         local.collect()
     }
 
@@ -572,7 +587,10 @@ impl Books {
         let mut state = self.lock();
         state.fold();
         let Some(cluster) = &state.cluster else {
-            let local = state.accounts.iter().map(|(account, amounts)| (account.clone(), amounts.local));
+            let local = state
+                .accounts
+                .iter()
+                .map(|(account, amounts)| (account.clone(), amounts.local));
             return View {
                 scope: Scope::Instance,
                 totals: local.collect(),
@@ -582,7 +600,10 @@ impl Books {
         };
         let mut totals = cluster.clone();
         let in_doubt = state.in_doubt.iter().flat_map(|batch| &batch.tally);
-        let pending = state.accounts.iter().map(|(account, amounts)| (account, &amounts.pending));
+        let pending = state
+            .accounts
+            .iter()
+            .map(|(account, amounts)| (account, &amounts.pending));
         for (account, amount) in in_doubt.chain(pending) {
             if *amount > 0 {
                 *totals.entry(account.clone()).or_default() += amount;
@@ -608,7 +629,13 @@ impl Books {
         let id = format!("{}:{}", self.instance, state.flushes);
         let mut lines = Vec::new();
         let mut tally = Tally::default();
-        for (account, Amounts { pending: amount, .. }) in &mut state.accounts {
+        for (
+            account,
+            Amounts {
+                pending: amount, ..
+            },
+        ) in &mut state.accounts
+        {
             let whole = if account.is_money() {
                 *amount / PICOS_PER_NANO
             } else {
@@ -639,7 +666,11 @@ impl Books {
     /// Adds what is pending to the cluster ledger and reads its totals back.
     /// A batch left in doubt by an earlier flush goes first, then the rest. On
     /// failure the batch is kept and resent as is by the next flush.
-    pub async fn flush(&self, store: &dyn LedgerStore, now_ms: u64) -> Result<(), LedgerUnavailable> {
+    pub async fn flush(
+        &self,
+        store: &dyn LedgerStore,
+        now_ms: u64,
+    ) -> Result<(), LedgerUnavailable> {
         let _one_at_a_time = self.flushing.lock().await;
         loop {
             let (batch, resent) = self.next_batch();
@@ -850,7 +881,10 @@ mod tests {
         store.down.store(false, SeqCst);
         books.flush(&store, 3).await.unwrap();
         books.flush(&store, 4).await.unwrap();
-        assert_eq!(store.fields.lock().unwrap()["tenant|upstream|answers|t1"], 6);
+        assert_eq!(
+            store.fields.lock().unwrap()["tenant|upstream|answers|t1"],
+            6
+        );
         assert_eq!(books.view().totals[&tenant("t1")], 6);
     }
 

@@ -83,7 +83,7 @@ impl fmt::Display for PicoUsd {
 /// is negative, not finite, too large, or finer than six decimals (which no
 /// integer picodollar rate can hold exactly).
 pub fn picos_per_token(usd_per_million: f64) -> Option<u64> {
-    if !usd_per_million.is_finite() || usd_per_million < 0.0 || usd_per_million > 1e9 {
+    if !(0.0..=1e9).contains(&usd_per_million) {
         return None;
     }
     let scaled = usd_per_million * 1e6;
@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(rates.cost(&usage).to_string(), "$0.0025");
         // No cached price: cached input is plain input.
         let flat = Rates::of(&price(2.5, None, 10.0)).unwrap();
-        assert_eq!(flat.cost(&usage), PicoUsd(1000 * 2_500_000 + 100 * 10_000_000));
+        assert_eq!(
+            flat.cost(&usage),
+            PicoUsd(1000 * 2_500_000 + 100 * 10_000_000)
+        );
     }
 
     #[test]
@@ -273,7 +276,11 @@ mod tests {
             ("mistral", 25),
             ("deepseek", 5),
         ] {
-            let n = snapshot.models.iter().filter(|m| m.provider == provider).count();
+            let n = snapshot
+                .models
+                .iter()
+                .filter(|m| m.provider == provider)
+                .count();
             assert!(n >= at_least, "{provider}: {n} models");
         }
         let config = crate::config::Config::for_tests("http://127.0.0.1:1/v1");
@@ -284,15 +291,33 @@ mod tests {
             ("gpt-4.1", "gpt-4.1", 2.0, Some(0.5), 8.0),
             ("o3", "o3", 2.0, Some(0.5), 8.0),
             ("gpt-5", "gpt-5", 1.25, Some(0.125), 10.0),
-            ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5", 3.0, Some(0.3), 15.0),
+            (
+                "claude-sonnet-4-5-20250929",
+                "claude-sonnet-4-5",
+                3.0,
+                Some(0.3),
+                15.0,
+            ),
             ("claude-opus-4-1", "claude-opus-4-1", 15.0, Some(1.5), 75.0),
             ("claude-haiku-4-5", "claude-haiku-4-5", 1.0, Some(0.1), 5.0),
             ("gemini-2.5-pro", "gemini-2.5-pro", 1.25, Some(0.125), 10.0),
             ("gemini-2.5-flash", "gemini-2.5-flash", 0.3, Some(0.03), 2.5),
             ("mistral-large-latest", "mistral-large", 2.0, None, 6.0),
-            ("mistral-small-latest", "mistral-small-latest", 0.15, Some(0.015), 0.6),
+            (
+                "mistral-small-latest",
+                "mistral-small-latest",
+                0.15,
+                Some(0.015),
+                0.6,
+            ),
             ("deepseek-chat", "deepseek-chat", 0.27, Some(0.07), 1.1),
-            ("deepseek-reasoner", "deepseek-reasoner", 0.55, Some(0.14), 2.19),
+            (
+                "deepseek-reasoner",
+                "deepseek-reasoner",
+                0.55,
+                Some(0.14),
+                2.19,
+            ),
         ] {
             let label = table.label(model);
             assert_eq!(label.as_str(), id, "{model}");
@@ -304,7 +329,14 @@ mod tests {
             );
         }
         // Anthropic prices cache writes; the snapshot carries them.
-        assert_eq!(table.label("claude-sonnet-4-5").price().unwrap().cache_write, Some(3.75));
+        assert_eq!(
+            table
+                .label("claude-sonnet-4-5")
+                .price()
+                .unwrap()
+                .cache_write,
+            Some(3.75)
+        );
     }
 
     #[test]

@@ -168,11 +168,9 @@ impl Details {
 
 impl Raw {
     fn into_usage(self) -> Option<Usage> {
-        let reasoning = |details: &Option<Details>| {
-            details.as_ref().and_then(Details::reasoning).unwrap_or(0)
-        };
-        let cached_in =
-            |details: &Option<Details>| details.as_ref().and_then(|d| d.cached_tokens);
+        let reasoning =
+            |details: &Option<Details>| details.as_ref().and_then(Details::reasoning).unwrap_or(0);
+        let cached_in = |details: &Option<Details>| details.as_ref().and_then(|d| d.cached_tokens);
         if let Some(prompt_tokens) = self.prompt_tokens {
             // OpenAI Chat Completions and compatible: parts inside the totals.
             return Some(Usage {
@@ -304,7 +302,10 @@ mod tests {
         );
         assert_eq!(Usage::from_body(br#"{"usage":null}"#), None);
         assert_eq!(Usage::from_body(br#"{"choices":[]}"#), None);
-        assert_eq!(Usage::from_body(br#"{"usage":{"completion_tokens":3}}"#), None);
+        assert_eq!(
+            Usage::from_body(br#"{"usage":{"completion_tokens":3}}"#),
+            None
+        );
         assert_eq!(Usage::from_body(b"not json"), None);
         // Parts larger than their totals are cut to fit: no kind goes negative.
         let odd = r#"{"usage":{"prompt_tokens":10,"completion_tokens":5,

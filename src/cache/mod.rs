@@ -16,8 +16,8 @@ pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::MemoryStore;
 pub use tiered::TieredStore;
 
-pub use crate::usage::Usage;
 use crate::fingerprint::CacheKey;
+pub use crate::usage::Usage;
 
 /// A complete upstream response, shared by every caller it answers: the body is
 /// reference-counted bytes, never copied per caller.

@@ -30,9 +30,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use announce::Interest;
-pub use ledger::{RedisLedger, ledger_key};
 use announce::{Dispatch, run_subscriber};
 use connection::LazyConn;
+pub use ledger::{RedisLedger, ledger_key};
 
 use bytes::Bytes;
 use redis::streams::StreamReadReply;

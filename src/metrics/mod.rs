@@ -70,7 +70,6 @@ pub const ENDPOINT_LABELS: [&str; 3] = ["chat", "completions", "embeddings"];
 /// `via` label values of `corral_saved_responses_total`.
 pub const VIA_LABELS: [&str; 3] = ["hit", "stale", "coalesced"];
 
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     endpoint: &'static str,
@@ -546,8 +545,11 @@ impl Collector for BooksCollector {
             }
             _ => {}
         });
-        tokens.sort_by(|a, b| (&a.0.model, a.0.source, a.0.kind).cmp(&(&b.0.model, b.0.source, b.0.kind)));
-        let by_source = |a: &SourceLabels, b: &SourceLabels| (&a.model, a.source).cmp(&(&b.model, b.source));
+        tokens.sort_by(|a, b| {
+            (&a.0.model, a.0.source, a.0.kind).cmp(&(&b.0.model, b.0.source, b.0.kind))
+        });
+        let by_source =
+            |a: &SourceLabels, b: &SourceLabels| (&a.model, a.source).cmp(&(&b.model, b.source));
         cost.sort_by(|a, b| by_source(&a.0, &b.0));
         unknown.sort_by(|a, b| by_source(&a.0, &b.0));
         unpriced.sort_by(|a, b| by_source(&a.0, &b.0));
@@ -598,8 +600,12 @@ where
     L: EncodeLabelSet,
     V: prometheus_client::encoding::EncodeCounterValue,
 {
-    let mut family =
-        encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+    let mut family = encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
     for (labels, value) in series {
         ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
     }
@@ -683,7 +689,10 @@ mod tests {
         assert_eq!(stats.cost_usd.saved, 0.0000054);
         let tenant = &stats.tenants[0];
         assert_eq!(tenant.name, "team-a");
-        assert_eq!(tenant.answers.saved, 2, "a saved answer without usage is still one");
+        assert_eq!(
+            tenant.answers.saved, 2,
+            "a saved answer without usage is still one"
+        );
         assert_eq!(tenant.cost_nano_usd.saved, 5_400);
         assert_eq!(stats.upstreams[0].name, "mock");
     }
@@ -696,7 +705,10 @@ mod tests {
         metrics.upstream_usage(&who, Some(USAGE));
         let stats = metrics.stats();
         assert_eq!(
-            (stats.tokens.upstream.prompt, stats.tokens.upstream.completion),
+            (
+                stats.tokens.upstream.prompt,
+                stats.tokens.upstream.completion
+            ),
             (8, 7)
         );
         assert_eq!(stats.cost_usd.upstream, 0.0);
@@ -759,7 +771,11 @@ mod tests {
         config.pricing.snapshot = true;
         let metrics = Metrics::new(&config);
         let who = bill(&metrics, "claude-sonnet-4-5-20250929");
-        assert_eq!(who.model.as_str(), "claude-sonnet-4-5", "priced by the snapshot");
+        assert_eq!(
+            who.model.as_str(),
+            "claude-sonnet-4-5",
+            "priced by the snapshot"
+        );
         let answer = br#"{"id":"msg_01","type":"message","role":"assistant",
             "model":"claude-sonnet-4-5-20250929","content":[{"type":"text","text":"42"}],
             "stop_reason":"end_turn","stop_sequence":null,

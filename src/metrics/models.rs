@@ -160,7 +160,10 @@ impl ModelTable {
         for name in literals {
             let lower = name.to_lowercase();
             if table.routes.contains_key(&lower)
-                || table.layers.iter().any(|layer| layer.exact.contains_key(&lower))
+                || table
+                    .layers
+                    .iter()
+                    .any(|layer| layer.exact.contains_key(&lower))
             {
                 continue;
             }
@@ -174,7 +177,9 @@ impl ModelTable {
     }
 
     fn find(&self, model: &str, lower: &str) -> Option<&ModelLabel> {
-        self.layers.iter().find_map(|layer| layer.find(model, lower))
+        self.layers
+            .iter()
+            .find_map(|layer| layer.find(model, lower))
     }
 
     /// The label for a request's `model`: a configured exact name, a literal
@@ -273,7 +278,11 @@ mod tests {
         let gpt_4o = table.label("gpt-4o");
         assert_eq!(gpt_4o.price(), Some(price(1.0, 2.0)), "the config wins");
         assert_eq!(
-            table.all().iter().filter(|l| l.as_str() == "gpt-4o").count(),
+            table
+                .all()
+                .iter()
+                .filter(|l| l.as_str() == "gpt-4o")
+                .count(),
             1,
             "one label per name"
         );

@@ -339,7 +339,11 @@ impl Summary {
             let n = u64::try_from(*amount).unwrap_or(u64::MAX);
             match account {
                 Account::Requests { endpoint, cache } => {
-                    *summary.requests.by_cache.entry(cache.to_string()).or_default() += n;
+                    *summary
+                        .requests
+                        .by_cache
+                        .entry(cache.to_string())
+                        .or_default() += n;
                     *summary
                         .requests
                         .by_endpoint
@@ -452,7 +456,12 @@ impl Metrics {
             .iter()
             .filter(|(_, sums)| sums.active())
             .collect();
-        active.sort_by_key(|(name, _)| (order.get(name.as_str()).copied().unwrap_or(usize::MAX), *name));
+        active.sort_by_key(|(name, _)| {
+            (
+                order.get(name.as_str()).copied().unwrap_or(usize::MAX),
+                *name,
+            )
+        });
 
         let mut saved = SavedStats::default();
         let mut tokens = TokenSides::default();
@@ -465,7 +474,10 @@ impl Metrics {
             saved.hit += sums.saved.hit;
             saved.stale += sums.saved.stale;
             saved.coalesced += sums.saved.coalesced;
-            for (side, totals) in [&mut tokens.upstream, &mut tokens.saved].into_iter().enumerate() {
+            for (side, totals) in [&mut tokens.upstream, &mut tokens.saved]
+                .into_iter()
+                .enumerate()
+            {
                 totals.merge(&sums.tokens[side]);
                 picos[side] += sums.picos[side];
                 unknown[side] += sums.unknown[side];
@@ -516,7 +528,10 @@ impl Metrics {
                 .or_else(|| inner.snapshot.map(|s| s.as_of.clone())),
             pricing: PricingStats {
                 snapshot: inner.snapshot.map(|s| SnapshotStats {
-                    source: format!("{} {} ({})", s.source.package, s.source.version, s.source.license),
+                    source: format!(
+                        "{} {} ({})",
+                        s.source.package, s.source.version, s.source.license
+                    ),
                     as_of: s.as_of.clone(),
                     models: s.models.len(),
                 }),

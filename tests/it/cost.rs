@@ -81,7 +81,10 @@ async fn cached_and_reasoning_tokens_are_billed_at_their_own_prices_exactly() {
     let model = "gpt-4o-mini";
     let price = snapshot_price(model);
     let cached_price = price.cached_input.expect("OpenAI prices cached input");
-    assert!(cached_price < price.input, "the test needs a discount to see");
+    assert!(
+        cached_price < price.input,
+        "the test needs a discount to see"
+    );
     gateway.provider.push_script(answer_with(
         model,
         json!({
@@ -127,7 +130,10 @@ async fn cached_and_reasoning_tokens_are_billed_at_their_own_prices_exactly() {
         sample(
             &m,
             "gen_ai_client_token_usage_sum",
-            &[("gen_ai_request_model", model), ("gen_ai_token_type", "input")]
+            &[
+                ("gen_ai_request_model", model),
+                ("gen_ai_token_type", "input")
+            ]
         ),
         1000.0,
         "the GenAI convention counts cached input inside input"
@@ -160,7 +166,8 @@ async fn an_unpriced_models_tokens_are_counted_and_flagged() {
     let reply = gateway.post(CHAT, &body).await;
     assert_eq!(reply.status, StatusCode::OK);
     let usage = &reply.json()["usage"];
-    let total = usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap();
+    let total =
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap();
     assert!(total > 0);
     let repeat = gateway.post(CHAT, &body).await;
     assert_eq!(repeat.cache(), "HIT");
@@ -175,9 +182,15 @@ async fn an_unpriced_models_tokens_are_counted_and_flagged() {
     };
     assert_eq!(unpriced("upstream"), total as f64);
     assert_eq!(unpriced("saved"), total as f64);
-    assert_eq!(sample(&m, "corral_cost_usd_total", &[("model", "other")]), 0.0);
+    assert_eq!(
+        sample(&m, "corral_cost_usd_total", &[("model", "other")]),
+        0.0
+    );
     let s = stats(&gateway).await;
-    assert_eq!(s["unpriced_tokens"], json!({"upstream": total, "saved": total}));
+    assert_eq!(
+        s["unpriced_tokens"],
+        json!({"upstream": total, "saved": total})
+    );
     let other = s["models"]
         .as_array()
         .unwrap()
@@ -238,12 +251,26 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
     let second = chat("cluster ledger, second prompt");
     let key_a = team("sk-ledger-tenant-a");
     let key_b = team("sk-ledger-tenant-b");
-    let paid_a = a.post_with(CHAT, &first, &[("authorization", &key_a)]).await;
+    let paid_a = a
+        .post_with(CHAT, &first, &[("authorization", &key_a)])
+        .await;
     for _ in 0..2 {
-        assert_eq!(a.post_with(CHAT, &first, &[("authorization", &key_a)]).await.cache(), "HIT");
+        assert_eq!(
+            a.post_with(CHAT, &first, &[("authorization", &key_a)])
+                .await
+                .cache(),
+            "HIT"
+        );
     }
-    let paid_b = b.post_with(CHAT, &second, &[("authorization", &key_b)]).await;
-    assert_eq!(b.post_with(CHAT, &second, &[("authorization", &key_b)]).await.cache(), "HIT");
+    let paid_b = b
+        .post_with(CHAT, &second, &[("authorization", &key_b)])
+        .await;
+    assert_eq!(
+        b.post_with(CHAT, &second, &[("authorization", &key_b)])
+            .await
+            .cache(),
+        "HIT"
+    );
     assert_eq!((paid_a.cache(), paid_b.cache()), ("MISS", "MISS"));
     assert_eq!(provider.calls(), 2);
 
@@ -261,11 +288,19 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
     for (name, gateway) in [("a", &a), ("b", &b)] {
         let s = stats(gateway).await;
         assert_eq!(s["scope"], "cluster", "{name}");
-        assert_eq!(s["upstream"]["calls"], 2, "{name}: both instances' calls: {s:#}");
+        assert_eq!(
+            s["upstream"]["calls"], 2,
+            "{name}: both instances' calls: {s:#}"
+        );
         assert_eq!(s["saved_responses"]["total"], 3, "{name}");
         assert_eq!(s["cost_nano_usd"]["upstream"], spent_nanos as u64, "{name}");
         assert_eq!(s["cost_nano_usd"]["saved"], saved_nanos as u64, "{name}");
-        assert_eq!(s["tenants"].as_array().unwrap().len(), 2, "{name}: {}", s["tenants"]);
+        assert_eq!(
+            s["tenants"].as_array().unwrap().len(),
+            2,
+            "{name}: {}",
+            s["tenants"]
+        );
         assert_eq!(s["requests"]["total"], 5, "{name}");
     }
     // `/metrics` stays per instance: Prometheus sums the instances itself.
@@ -297,7 +332,11 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
             assert_eq!(s[field], before[field], "{field} after the restart");
         }
         assert_eq!(
-            sample(&scrape(gateway).await, "corral_upstream_requests_total", &[]),
+            sample(
+                &scrape(gateway).await,
+                "corral_upstream_requests_total",
+                &[]
+            ),
             0.0,
             "a new instance's own counters start at zero"
         );
@@ -309,10 +348,17 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
         if !key.contains("{ledger}") {
             continue;
         }
-        let ttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut conn).await.unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert!(ttl > 0, "{key} has no TTL");
         let text = String::from_utf8_lossy(&value);
-        assert!(!text.contains("sk-ledger") && !key.contains("sk-ledger"), "{key}");
+        assert!(
+            !text.contains("sk-ledger") && !key.contains("sk-ledger"),
+            "{key}"
+        );
     }
 }
 
@@ -331,10 +377,19 @@ async fn counts_made_while_redis_is_away_reach_the_ledger_once_later() {
     flushed(&gateway).await;
 
     redis.signal("STOP");
-    let reply = gateway.post(CHAT, &chat("counted while Redis sleeps")).await;
-    assert_eq!(reply.status, StatusCode::OK, "Redis never decides an answer");
+    let reply = gateway
+        .post(CHAT, &chat("counted while Redis sleeps"))
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "Redis never decides an answer"
+    );
     // Redis receives the batch but cannot answer in time: its fate is unknown here.
-    assert!(gateway.state.flush_ledger().await.is_err(), "the flush fails open");
+    assert!(
+        gateway.state.flush_ledger().await.is_err(),
+        "the flush fails open"
+    );
     let s = stats(&gateway).await;
     assert_eq!(s["ledger_stale"], true);
     assert_eq!(s["upstream"]["calls"], 1, "counted meanwhile, and shown");

@@ -194,4 +194,10 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
     // The per-model table names both models.
     assert!(dom.contains("<td>gpt-4o-mini</td>"), "{dom}");
     assert!(dom.contains("<td>text-embedding-3-small</td>"));
+    // The page says whose totals it shows (no Redis: this instance's), and
+    // attributes them to the upstream.
+    assert_eq!(attribute(&dom, "scope", "data-scope"), "instance");
+    assert_eq!(stats["scope"], "instance");
+    assert!(dom.contains("this instance since it started"), "{dom}");
+    assert!(dom.contains("<td>mock</td>"), "the upstream table: {dom}");
 }

@@ -20,10 +20,13 @@ async fn the_update_command_regenerates_the_committed_snapshot_from_the_package(
     let committed = std::fs::read_to_string(root.join("pricing/genai-prices.json"))
         .expect("the snapshot is committed");
     let snapshot: serde_json::Value = serde_json::from_str(&committed).expect("it is JSON");
-    let version = snapshot["source"]["version"].as_str().expect("it names its version");
+    let version = snapshot["source"]["version"]
+        .as_str()
+        .expect("it names its version");
     let as_of = snapshot["as_of"].as_str().expect("it is dated");
 
-    let deps = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-genai-prices-{version}"));
+    let deps =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pydeps-genai-prices-{version}"));
     if !deps.join("genai_prices").is_dir() {
         pip_install(&format!("genai-prices=={version}"), &deps).await;
     }
