@@ -8,6 +8,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
 COPY assets ./assets
+COPY pricing ./pricing
 COPY prompts ./prompts
 COPY config.yaml ./
 # Targets Cargo.toml names must exist for the manifest to parse.
@@ -31,6 +32,8 @@ FROM debian:bookworm-slim AS corral
 RUN useradd --system --uid 10001 --no-create-home corral
 COPY --from=build /src/target/release/corral /usr/local/bin/corral
 COPY config.yaml /etc/corral/config.yaml
+# The price snapshot compiled into the binary is genai-prices data (MIT): its notice ships with it.
+COPY pricing/LICENSE.genai-prices /usr/share/doc/corral/LICENSE.genai-prices
 USER corral
 ENV CORRAL_LISTEN=0.0.0.0:8080
 EXPOSE 8080
