@@ -2,7 +2,9 @@
 //! instance and added into one cluster-wide ledger in Redis.
 //!
 //! Every counted event is *posted* to [`Books`] as integers (money in
-//! picodollars). Each instance keeps:
+//! picodollars). An answer is one post into a front buffer keyed by side,
+//! model, tenant and upstream (one lookup on the hot path); the buffer is
+//! folded into per-counter [`Account`]s whenever they are read. Each instance keeps:
 //! - `local`: everything since it started (what `/metrics` reports: Prometheus
 //!   sums instances itself);
 //! - `pending`: what it has not yet added to the cluster ledger.
@@ -15,7 +17,7 @@
 //! restarts. While Redis is away nothing is lost: `pending` keeps growing and the
 //! next flush that gets through adds it all. Money goes to Redis in whole
 //! nanodollars (`HINCRBY` holds 2^63 of them, $9.2 billion); the sub-nanodollar
-//! rest stays pending until it adds up.
+//! rest stays pending (shown by this instance only) until it adds up.
 //!
 //! Tenants are bounded: an instance tracks at most `ledger.max_tenants`
 //! distinct tenants and the cluster ledger as many (the store folds later ones
@@ -714,7 +716,8 @@ fn parse_totals(fields: Vec<(String, i64)>) -> Tally {
     totals
 }
 
-/// Flushes `books` into `store` every `interval` until `stop`, then once more.
+/// Flushes `books` into `store` every `interval` until `stop` (the last flush,
+/// after the drain, is `serve`'s).
 pub async fn run_flusher(
     books: Arc<Books>,
     store: Arc<dyn LedgerStore>,
