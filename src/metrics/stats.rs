@@ -563,6 +563,42 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    fn spent(picos: u128, answers: u64) -> PartySums {
+        PartySums {
+            answers: [answers, 0],
+            tokens: [answers * 10, 0],
+            picos: [picos, 0],
+        }
+    }
+
+    #[test]
+    fn the_top_parties_are_named_and_the_rest_summed_as_other() {
+        let parties: HashMap<String, PartySums> = [
+            ("small".to_owned(), spent(1_000, 1)),
+            ("big".to_owned(), spent(9_000_000, 5)),
+            ("medium".to_owned(), spent(5_000, 2)),
+            (OTHER.to_owned(), spent(7_000, 3)),
+        ]
+        .into();
+        let top = top_parties(parties, 2);
+        let names: Vec<&str> = top.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["big", "medium", "other"],
+            "most spent first, then the rest"
+        );
+        let other = &top[2];
+        assert_eq!(
+            other.answers.upstream,
+            1 + 3,
+            "small and the tenants already folded"
+        );
+        assert_eq!(other.tokens.upstream, 40);
+        assert_eq!(other.cost_nano_usd.upstream, 8);
+        let total: u64 = top.iter().map(|p| p.answers.upstream).sum();
+        assert_eq!(total, 11, "nothing dropped");
+    }
+
     fn point(t_ms: u64, usd: f64) -> Point {
         Point {
             t_ms,

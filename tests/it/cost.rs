@@ -421,3 +421,47 @@ async fn counts_made_while_redis_is_away_reach_the_ledger_once_later() {
         .unwrap();
     assert_eq!(calls, 1);
 }
+
+/// `/stats` names a tenant by its gateway key's label, else by a short scope;
+/// never by the key, and never on a Prometheus label.
+#[tokio::test]
+async fn tenants_are_attributed_by_key_label_or_short_scope_never_by_key() {
+    use corral::{auth::key_hash, config::Secret};
+    let gateway = TestGateway::start(|config| {
+        config.auth.key_hashes = vec![key_hash(b"gw-search-team"), key_hash(b"gw-unlabelled")];
+        config.auth.labels_by_hash = vec![(key_hash(b"gw-search-team"), "team-search".to_owned())];
+        config.upstreams[0].api_key = Some(Secret::new("sk-provider".to_owned()));
+    })
+    .await;
+    let body = chat("who asked?");
+    for key in ["gw-search-team", "gw-search-team", "gw-unlabelled"] {
+        let reply = gateway
+            .post_with(CHAT, &body, &[("authorization", &format!("Bearer {key}"))])
+            .await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let s = stats(&gateway).await;
+    let tenants = s["tenants"].as_array().unwrap();
+    assert_eq!(tenants.len(), 2, "{tenants:?}");
+    let labelled = tenants
+        .iter()
+        .find(|t| t["name"] == "team-search")
+        .expect("the label");
+    assert_eq!(labelled["answers"], json!({"upstream": 1, "saved": 1}));
+    let other = tenants.iter().find(|t| t["name"] != "team-search").unwrap();
+    let name = other["name"].as_str().unwrap();
+    assert_eq!(name.len(), 13, "a tag and 12 hex digits: {name}");
+    assert_eq!(other["answers"], json!({"upstream": 1, "saved": 0}));
+    let text = String::from_utf8(gateway.get("/stats").await.body.to_vec()).unwrap()
+        + &String::from_utf8(gateway.get("/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        !text.contains("gw-"),
+        "no gateway key on /stats or /metrics"
+    );
+    assert!(
+        !String::from_utf8(gateway.get("/metrics").await.body.to_vec())
+            .unwrap()
+            .contains("team-search"),
+        "tenants are not Prometheus labels"
+    );
+}
