@@ -1,15 +1,28 @@
-//! Wall-clock time for cache freshness, behind a trait so tests can move time
-//! by hand instead of sleeping through TTLs.
+//! Time behind a trait, so tests move it by hand instead of sleeping.
+//!
+//! Two kinds of time, on purpose:
+//! - [`Clock::now_ms`], wall-clock milliseconds since the Unix epoch, for cache freshness:
+//!   entries carry absolute times so they mean the same on every instance.
+//! - [`Clock::instant`], monotonic, for anything that measures an interval (breaker
+//!   cool-downs, rate limiters, the retry budget's window): a wall-clock step (NTP, a VM
+//!   resumed) must never open a circuit, refill a limiter or empty a budget.
+//!
+//! [`SystemClock`] reads tokio's clock for the monotonic half, so unit tests pause and
+//! advance it (`start_paused`); [`ManualClock`] moves both halves only when told to.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-/// Milliseconds since the Unix epoch. Cache entries carry absolute times so
-/// they mean the same on every gateway instance.
+use tokio::time::Instant;
+
 pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Milliseconds since the Unix epoch (wall clock).
     fn now_ms(&self) -> u64;
+
+    /// A monotonic instant: never goes backwards, ignores wall-clock steps.
+    fn instant(&self) -> Instant;
 }
 
 #[derive(Debug, Default)]
@@ -22,24 +35,43 @@ impl Clock for SystemClock {
             .map(|d| d.as_millis() as u64)
             .unwrap_or_default()
     }
+
+    fn instant(&self) -> Instant {
+        Instant::now()
+    }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to: both its wall-clock and its monotonic
+/// time advance together, by [`advance`](Self::advance) and by nothing else.
 #[derive(Debug)]
-pub struct ManualClock(AtomicU64);
+pub struct ManualClock {
+    wall_ms: AtomicU64,
+    origin: Instant,
+    advanced_ms: AtomicU64,
+}
 
 impl ManualClock {
     pub fn new(start_ms: u64) -> Self {
-        Self(AtomicU64::new(start_ms))
+        Self {
+            wall_ms: AtomicU64::new(start_ms),
+            origin: Instant::now(),
+            advanced_ms: AtomicU64::new(0),
+        }
     }
 
-    pub fn advance(&self, by: std::time::Duration) {
-        self.0.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+    pub fn advance(&self, by: Duration) {
+        let ms = by.as_millis() as u64;
+        self.wall_ms.fetch_add(ms, Ordering::SeqCst);
+        self.advanced_ms.fetch_add(ms, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.wall_ms.load(Ordering::SeqCst)
+    }
+
+    fn instant(&self) -> Instant {
+        self.origin + Duration::from_millis(self.advanced_ms.load(Ordering::SeqCst))
     }
 }

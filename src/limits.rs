@@ -8,7 +8,8 @@
 //! cluster-wide limiter would cost a Redis round trip on every request and make
 //! Redis a dependency of admission, which the fail-open design avoids.
 //!
-//! Time comes from the app's [`Clock`], so tests decide when tokens refill.
+//! Time comes from the app's [`Clock`] (its monotonic half), so tests decide
+//! when tokens refill and a wall-clock step never does.
 
 use std::{
     num::NonZeroU32,
@@ -37,15 +38,26 @@ use crate::{
 /// How many tenant checks pass between two sweeps of idle tenants' state.
 const SWEEP_EVERY: u64 = 4096;
 
-/// The app's clock as governor sees it (nanoseconds since the epoch).
+/// The app's monotonic clock as governor sees it: nanoseconds since the
+/// limiter was made. Monotonic, so a wall-clock step never refills a bucket.
 #[derive(Debug, Clone)]
-pub struct AppClock(pub Arc<dyn Clock>);
+pub struct AppClock {
+    clock: Arc<dyn Clock>,
+    origin: tokio::time::Instant,
+}
+
+impl AppClock {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let origin = clock.instant();
+        Self { clock, origin }
+    }
+}
 
 impl governor::clock::Clock for AppClock {
     type Instant = Nanos;
 
     fn now(&self) -> Nanos {
-        Nanos::from(Duration::from_millis(self.0.now_ms()))
+        Nanos::from(self.clock.instant().saturating_duration_since(self.origin))
     }
 }
 
@@ -70,7 +82,7 @@ pub struct Rate {
 
 impl Rate {
     pub fn new(rate: &RateConfig, clock: Arc<dyn Clock>) -> Self {
-        let clock = AppClock(clock);
+        let clock = AppClock::new(clock);
         Self {
             limiter: RateLimiter::direct_with_clock(quota(rate), clock.clone()),
             clock,
@@ -104,7 +116,7 @@ struct TenantRates {
 impl Limits {
     pub fn new(config: &Config, clock: Arc<dyn Clock>) -> Self {
         let per_tenant = config.limits.per_tenant.as_ref().map(|rate| {
-            let clock = AppClock(clock);
+            let clock = AppClock::new(clock);
             TenantRates {
                 limiter: RateLimiter::dashmap_with_clock(quota(rate), clock.clone()),
                 clock,

@@ -39,6 +39,7 @@ use redis::streams::StreamReadReply;
 
 use crate::{
     breaker::{Breaker, BreakerState},
+    clock::SystemClock,
     cache::{
         Entry,
         codec::{self, FlightRecord},
@@ -178,7 +179,12 @@ impl Cluster {
             conn: LazyConn::start(config.clone(), stop.clone()),
             config: config.clone(),
             keys: Keys::new(&config.key_prefix),
-            breaker: Breaker::new(config.breaker_failures, config.breaker_cool_down),
+            // Tokio's monotonic clock: paused in tests, immune to wall-clock steps.
+            breaker: Breaker::new(
+                config.breaker_failures,
+                config.breaker_cool_down,
+                Arc::new(SystemClock),
+            ),
             dispatch: dispatch.clone(),
             instance: format!("{:016x}", rand::rng().random::<u64>()),
             errors: AtomicU64::new(0),
@@ -257,18 +263,20 @@ impl Cluster {
         let Some(conn) = self.conn.get() else {
             return Err(Unavailable);
         };
-        if !self.breaker.allow() {
+        // A dropped permit (this future was cancelled mid-operation) frees a
+        // half-open probe's slot: the breaker cannot stick half-open.
+        let Ok(permit) = self.breaker.admit() else {
             return Err(Unavailable);
-        }
+        };
         let result = tokio::time::timeout(self.config.op_timeout, op(conn)).await;
         match result {
             Ok(Ok(value)) => {
-                self.breaker.record_success();
+                permit.success();
                 Ok(value)
             }
             Ok(Err(err)) if !is_connectivity(&err) => {
                 // Redis answered (OOM, a script error): it is up, this write is skipped.
-                self.breaker.record_success();
+                permit.success();
                 self.count_error();
                 tracing::warn!(op = what, error = %err, "redis refused an operation; continuing without it");
                 Err(Unavailable)
@@ -279,7 +287,7 @@ impl Cluster {
                     Ok(Err(err)) => err.to_string(),
                     _ => format!("no answer within {:?}", self.config.op_timeout),
                 };
-                if self.breaker.record_failure() {
+                if permit.failure() {
                     tracing::warn!(op = what, %reason, "redis breaker opened; serving from local singleflight and L1");
                 } else {
                     tracing::debug!(op = what, %reason, "redis operation failed");

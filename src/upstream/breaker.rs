@@ -10,22 +10,30 @@
 //!   `Retry-After` (and the coalescer keeps serving any stored entry, STALE).
 //!   Then exactly one probe goes through (half-open): success closes it,
 //!   failure reopens it. A probe that never reports (its task was cancelled)
-//!   reopens it too, so the breaker cannot stick half-open.
+//!   frees its slot for the next caller, so the breaker cannot stick half-open.
+//!   Which outcomes count as failures is decided in one place,
+//!   [`is_upstream_failure`].
 //! - **Retry budget**: over a sliding 10 s window, retries may be at most
 //!   `retry.budget_ratio` x first attempts plus `retry.budget_min_per_sec` x
 //!   10; beyond it, a failed attempt is final. A sick provider sees at most
 //!   `1 + ratio` times the traffic, not `max_attempts` times.
 //!
-//! Both run on the app's [`Clock`], so tests move through a cool-down by hand.
+//! The breaker is the crate's one [`Breaker`]. Everything here runs on the
+//! app's [`Clock`]'s monotonic time, so a wall-clock step never opens a
+//! circuit, refills a cap or empties the budget, and tests move it by hand.
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
 
+pub use crate::breaker::{Breaker, BreakerState, Permit};
 use crate::{
     clock::Clock,
     config::{RetryConfig, UpstreamConfig},
@@ -36,137 +44,6 @@ use crate::{
 /// The retry budget's window.
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CircuitState {
-    Closed,
-    Open,
-    HalfOpen,
-}
-
-#[derive(Debug)]
-enum State {
-    Closed {
-        failures: u32,
-    },
-    /// Until this wall-clock millisecond.
-    Open {
-        until_ms: u64,
-    },
-    HalfOpen {
-        probe_out: bool,
-    },
-}
-
-#[derive(Debug)]
-pub struct CircuitBreaker {
-    threshold: u32,
-    cool_down: Duration,
-    state: Mutex<State>,
-    clock: Arc<dyn Clock>,
-}
-
-/// Permission for one attempt; report how it went. Dropping a probe's
-/// ticket without a report counts as a failed probe.
-#[must_use]
-#[derive(Debug)]
-pub struct Ticket<'a> {
-    breaker: &'a CircuitBreaker,
-    probe: bool,
-    reported: bool,
-}
-
-impl Ticket<'_> {
-    pub fn success(mut self) {
-        self.reported = true;
-        self.breaker.on_success();
-    }
-
-    pub fn failure(mut self) {
-        self.reported = true;
-        self.breaker.on_failure(self.probe);
-    }
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        if !self.reported && self.probe {
-            self.breaker.on_failure(true);
-        }
-    }
-}
-
-impl CircuitBreaker {
-    pub fn new(threshold: u32, cool_down: Duration, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            threshold: threshold.max(1),
-            cool_down,
-            state: Mutex::new(State::Closed { failures: 0 }),
-            clock,
-        }
-    }
-
-    fn state_mut(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A ticket for one attempt, or how long until the circuit may let one through.
-    pub fn admit(&self) -> Result<Ticket<'_>, Duration> {
-        let mut state = self.state_mut();
-        let probe = match *state {
-            State::Closed { .. } => false,
-            State::Open { until_ms } => {
-                let now = self.clock.now_ms();
-                if now < until_ms {
-                    return Err(Duration::from_millis(until_ms - now));
-                }
-                *state = State::HalfOpen { probe_out: true };
-                true
-            }
-            State::HalfOpen { probe_out: true } => return Err(self.cool_down),
-            State::HalfOpen { probe_out: false } => {
-                *state = State::HalfOpen { probe_out: true };
-                true
-            }
-        };
-        Ok(Ticket {
-            breaker: self,
-            probe,
-            reported: false,
-        })
-    }
-
-    fn on_success(&self) {
-        *self.state_mut() = State::Closed { failures: 0 };
-    }
-
-    fn on_failure(&self, probe: bool) {
-        let mut state = self.state_mut();
-        let open = match &mut *state {
-            State::Closed { failures } => {
-                *failures += 1;
-                *failures >= self.threshold
-            }
-            // A probe failed: open again. Late reports of attempts admitted
-            // before the circuit opened change nothing.
-            State::HalfOpen { .. } => probe,
-            State::Open { .. } => false,
-        };
-        if open {
-            *state = State::Open {
-                until_ms: self.clock.now_ms() + self.cool_down.as_millis() as u64,
-            };
-        }
-    }
-
-    pub fn state(&self) -> CircuitState {
-        match *self.state_mut() {
-            State::Closed { .. } => CircuitState::Closed,
-            State::Open { .. } => CircuitState::Open,
-            State::HalfOpen { .. } => CircuitState::HalfOpen,
-        }
-    }
-}
-
 /// Retries allowed in proportion to first attempts, over a sliding window.
 #[derive(Debug)]
 pub struct RetryBudget {
@@ -175,6 +52,8 @@ pub struct RetryBudget {
     /// One bucket per second: (second, first attempts, retries).
     buckets: Mutex<VecDeque<(u64, u64, u64)>>,
     clock: Arc<dyn Clock>,
+    /// Seconds are counted from here (monotonic).
+    origin: Instant,
 }
 
 impl RetryBudget {
@@ -183,12 +62,17 @@ impl RetryBudget {
             ratio,
             reserve: min_per_sec * BUDGET_WINDOW.as_secs_f64(),
             buckets: Mutex::new(VecDeque::new()),
+            origin: clock.instant(),
             clock,
         }
     }
 
     fn with_current<T>(&self, f: impl FnOnce(&mut VecDeque<(u64, u64, u64)>) -> T) -> T {
-        let second = self.clock.now_ms() / 1000;
+        let second = self
+            .clock
+            .instant()
+            .saturating_duration_since(self.origin)
+            .as_secs();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         while buckets
             .front()
@@ -231,7 +115,7 @@ impl RetryBudget {
 /// Everything that stands between corral and one upstream.
 #[derive(Debug)]
 pub struct UpstreamGuard {
-    pub breaker: CircuitBreaker,
+    pub breaker: Breaker,
     pub budget: RetryBudget,
     concurrency: Option<Arc<Semaphore>>,
     rate: Option<Rate>,
@@ -241,7 +125,7 @@ pub struct UpstreamGuard {
 impl UpstreamGuard {
     pub fn new(upstream: &UpstreamConfig, retry: &RetryConfig, clock: Arc<dyn Clock>) -> Self {
         Self {
-            breaker: CircuitBreaker::new(
+            breaker: Breaker::new(
                 upstream.breaker_failures,
                 upstream.breaker_cool_down,
                 clock.clone(),
@@ -256,8 +140,8 @@ impl UpstreamGuard {
     }
 
     /// Fails fast when the circuit is open or the upstream's rate is spent.
-    pub fn admit(&self) -> Result<Ticket<'_>, GatewayError> {
-        let ticket = self
+    pub fn admit(&self) -> Result<Permit<'_>, GatewayError> {
+        let permit = self
             .breaker
             .admit()
             .map_err(|wait| GatewayError::CircuitOpen {
@@ -267,14 +151,14 @@ impl UpstreamGuard {
         if let Some(rate) = &self.rate
             && let Err(wait) = rate.check()
         {
-            // Not the upstream's fault: leave the breaker as it was.
-            ticket.success_if_unused();
+            // Not the upstream's fault: no verdict; a probe's slot goes to the next caller.
+            permit.release();
             return Err(GatewayError::RateLimited {
                 retry_after: retry_after_secs(wait),
                 reason: "the upstream's request rate",
             });
         }
-        Ok(ticket)
+        Ok(permit)
     }
 
     /// Waits for a place among the upstream's concurrent calls (bounded by
@@ -283,18 +167,6 @@ impl UpstreamGuard {
         match &self.concurrency {
             None => None,
             Some(places) => places.clone().acquire_owned().await.ok(),
-        }
-    }
-}
-
-impl Ticket<'_> {
-    /// Gives the ticket back without a verdict: a probe that never reached
-    /// the upstream lets the next caller probe instead.
-    fn success_if_unused(mut self) {
-        self.reported = true;
-        if self.probe {
-            let mut state = self.breaker.state_mut();
-            *state = State::HalfOpen { probe_out: false };
         }
     }
 }
@@ -320,49 +192,6 @@ mod tests {
 
     fn clock() -> Arc<ManualClock> {
         Arc::new(ManualClock::new(1_700_000_000_000))
-    }
-
-    #[test]
-    fn opens_after_consecutive_failures_then_one_probe_decides() {
-        let clock = clock();
-        let breaker = CircuitBreaker::new(3, Duration::from_secs(10), clock.clone());
-        for _ in 0..3 {
-            breaker.admit().unwrap().failure();
-        }
-        assert_eq!(breaker.state(), CircuitState::Open);
-        clock.advance(Duration::from_secs(1));
-        assert_eq!(breaker.admit().unwrap_err(), Duration::from_secs(9));
-        clock.advance(Duration::from_secs(9));
-        let probe = breaker.admit().expect("the probe goes through");
-        assert!(breaker.admit().is_err(), "one probe at a time");
-        probe.failure();
-        assert_eq!(breaker.state(), CircuitState::Open);
-        clock.advance(Duration::from_secs(10));
-        breaker.admit().unwrap().success();
-        assert_eq!(breaker.state(), CircuitState::Closed);
-        assert!(breaker.admit().is_ok());
-    }
-
-    #[test]
-    fn a_dropped_probe_reopens_instead_of_sticking_half_open() {
-        let clock = clock();
-        let breaker = CircuitBreaker::new(1, Duration::from_secs(1), clock.clone());
-        breaker.admit().unwrap().failure();
-        clock.advance(Duration::from_secs(1));
-        drop(breaker.admit().unwrap());
-        assert_eq!(breaker.state(), CircuitState::Open);
-        clock.advance(Duration::from_secs(1));
-        assert!(breaker.admit().is_ok());
-    }
-
-    #[test]
-    fn successes_reset_the_count_and_dropped_tickets_are_neutral() {
-        let breaker = CircuitBreaker::new(2, Duration::from_secs(1), clock());
-        breaker.admit().unwrap().failure();
-        breaker.admit().unwrap().success();
-        breaker.admit().unwrap().failure();
-        drop(breaker.admit().unwrap());
-        assert_eq!(breaker.state(), CircuitState::Closed);
     }
 
     #[test]

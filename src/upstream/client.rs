@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    breaker::{CircuitState, UpstreamGuard, is_upstream_failure},
+    breaker::{BreakerState, UpstreamGuard, is_upstream_failure},
     retry::{self, AttemptError},
 };
 use crate::{
@@ -132,7 +132,7 @@ impl Upstream {
     }
 
     /// The state of `upstream`'s circuit.
-    pub fn circuit(&self, upstream: usize) -> CircuitState {
+    pub fn circuit(&self, upstream: usize) -> BreakerState {
         self.targets[upstream].guard.breaker.state()
     }
 
@@ -163,7 +163,9 @@ impl Upstream {
                 let _place = guard.acquire().await;
                 let result = call.await;
                 match &result {
-                    Err(err) if is_upstream_failure(&err.error) => ticket.failure(),
+                    Err(err) if is_upstream_failure(&err.error) => {
+                        ticket.failure();
+                    }
                     _ => ticket.success(),
                 }
                 result.map_err(|mut err| {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use corral::{
     auth::key_hash,
     config::{RateConfig, RedisConfig, Secret},
-    upstream::breaker::CircuitState,
+    upstream::breaker::BreakerState,
 };
 use mock_upstream::{FailureMode, MockProvider, Scripted};
 use reqwest::StatusCode;
@@ -120,7 +120,7 @@ async fn an_open_circuit_serves_stale_entries_fails_misses_fast_and_a_probe_clos
     gateway.clock.advance(Duration::from_secs(2));
     // Distinct misses until the circuit opens; each makes one first attempt.
     let mut first_attempts = 0u64;
-    while gateway.state.upstream.circuit(0) != CircuitState::Open {
+    while gateway.state.upstream.circuit(0) != BreakerState::Open {
         assert!(first_attempts < 50, "the circuit never opened");
         let reply = gateway
             .post(PATH, &chat(&format!("outage miss {first_attempts}")))
@@ -175,7 +175,7 @@ async fn an_open_circuit_serves_stale_entries_fails_misses_fast_and_a_probe_clos
     gateway.clock.advance(cool_down);
     let probe = gateway.post(PATH, &chat("the probe")).await;
     assert_eq!((probe.status, probe.cache()), (StatusCode::OK, "MISS"));
-    assert_eq!(gateway.state.upstream.circuit(0), CircuitState::Closed);
+    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
     assert_eq!(gateway.provider.calls(), before + 1);
     let stale = gateway.post(PATH, &cached).await;
     assert_eq!(stale.cache(), "STALE");
