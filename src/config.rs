@@ -248,8 +248,12 @@ pub struct CacheConfig {
     /// Each TTL is stretched by a random factor in `[1, 1 + ttl_jitter]` so keys
     /// written together do not expire together.
     pub ttl_jitter: f64,
-    pub max_entries: Option<u64>,
-    pub max_bytes: Option<u64>,
+    /// Bound on the in-process cache, in bytes (each entry weighed by its
+    /// body, headers and a fixed overhead); least valuable entries go first.
+    pub max_bytes: u64,
+    /// An answer larger than this is served but not stored (neither in
+    /// process nor in Redis), so one huge answer cannot evict thousands.
+    pub max_entry_bytes: u64,
     /// Whether responses to sampled requests (temperature > 0 or absent, no seed)
     /// are stored. Concurrent identical requests are coalesced either way.
     pub sampled: bool,
@@ -272,8 +276,8 @@ impl Default for CacheConfig {
             soft_ttl: Duration::from_secs(300),
             hard_ttl: Duration::from_secs(3600),
             ttl_jitter: 0.1,
-            max_entries: Some(10_000),
-            max_bytes: None,
+            max_bytes: 256 * 1024 * 1024,
+            max_entry_bytes: 8 * 1024 * 1024,
             sampled: false,
             scope: CacheScope::Tenant,
             case_fold: false,
@@ -295,6 +299,10 @@ pub struct CoalesceConfig {
     /// every reader gets an error event, nothing is cached.
     #[serde(with = "humantime_serde")]
     pub stream_stall_timeout: Duration,
+    /// A streaming caller that falls further behind the live stream than this
+    /// (bytes written since it joined that it has not read) gets an error event
+    /// and is cut, instead of pinning the stream while it dawdles.
+    pub max_reader_lag_bytes: usize,
     /// Cancel a streamed upstream call once every caller reading it has gone
     /// (stops the spend; the answer is then not cached). Off: it completes and is cached.
     pub cancel_when_abandoned: bool,
@@ -322,6 +330,7 @@ impl Default for CoalesceConfig {
             max_waiters: 10_000,
             wait_timeout: Duration::from_secs(180),
             stream_stall_timeout: Duration::from_secs(60),
+            max_reader_lag_bytes: 8 * 1024 * 1024,
             cancel_when_abandoned: false,
             max_total_waiters: 100_000,
             on_wait_timeout: OnWaitTimeout::Error,
@@ -437,6 +446,10 @@ pub struct ServerConfig {
     /// A request's body must arrive within this (408 after).
     #[serde(with = "humantime_serde")]
     pub body_read_timeout: Duration,
+    /// A client that accepts no byte of its response for this long is
+    /// disconnected and what its response held is freed (a stalled reader).
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -444,6 +457,7 @@ impl Default for ServerConfig {
         Self {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -835,6 +849,12 @@ impl Config {
                 "must be a number >= 0",
             ));
         }
+        if self.server.write_timeout.is_zero() {
+            return Err(ConfigError::key(
+                "server.write_timeout",
+                "must be above zero",
+            ));
+        }
         if self.server.header_read_timeout.is_zero() || self.server.body_read_timeout.is_zero() {
             return Err(ConfigError::key(
                 "server.header_read_timeout",
@@ -947,8 +967,14 @@ impl Config {
         if !(0.0..1.0).contains(&cache.ttl_jitter) {
             return Err(ConfigError::key("cache.ttl_jitter", "must be in [0, 1)"));
         }
-        if cache.max_entries == Some(0) || cache.max_bytes == Some(0) {
-            return Err(ConfigError::key("cache.max_entries", "must be above zero"));
+        if cache.max_bytes == 0 || cache.max_entry_bytes == 0 {
+            return Err(ConfigError::key("cache.max_bytes", "must be above zero"));
+        }
+        if cache.max_entry_bytes > cache.max_bytes || cache.max_entry_bytes > u64::from(u32::MAX) {
+            return Err(ConfigError::key(
+                "cache.max_entry_bytes",
+                "must be at most cache.max_bytes (and below 4 GiB)",
+            ));
         }
         if !(cache.early_refresh_beta.is_finite() && cache.early_refresh_beta >= 0.0) {
             return Err(ConfigError::key(
@@ -1104,7 +1130,6 @@ fn settings_schema() -> Value {
         "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\n",
     )
     .expect("the settings sample parses");
-    sample.cache.max_bytes = Some(1);
     sample.redis = Some(RedisConfig {
         url: Some("redis://x".into()),
         nodes: vec!["redis://x".into()],

@@ -23,7 +23,7 @@ use crate::{
     request::DedupRequest,
     sse::{self, StreamLog},
     state::AppState,
-    upstream::Outbound,
+    upstream::{Outbound, body},
 };
 
 /// Upstream response headers that may be shared with every caller of a
@@ -234,25 +234,43 @@ fn stream_loader(
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
                 .await?;
-            let (log, writer) = StreamLog::new(app.config.limits.max_response_bytes);
+            let (log, writer) = StreamLog::with_limits(app.stream_log_limits());
             publisher.publish(log.clone());
             let stall = app.config.coalesce.stream_stall_timeout;
-            let relay = sse::relay_response(response, writer, stall);
-            let summary = if app.config.coalesce.cancel_when_abandoned {
-                tokio::select! {
-                    summary = relay => summary,
-                    // Every reader left and nobody waits for the complete answer: stop the spend.
-                    _ = abandoned(&log, &publisher) => {
-                        // Paid for, up to where it stopped; how much is unknown.
-                        app.metrics.upstream_usage(&bill, None);
-                        return Err(GatewayError::UpstreamInvalid {
-                            upstream,
-                            reason: "stream cancelled: every caller left".to_owned(),
-                        });
-                    }
+            // `request_timeout` bounds the whole flight, headers and every event:
+            // past it, every reader gets an error event, the flight ends (its
+            // Redis lock with it) and nothing is cached.
+            let total = app
+                .upstream
+                .request_timeout(outbound.upstream)
+                .saturating_sub(started.elapsed());
+            let relay = sse::relay_response(response, writer, stall, total);
+            let cancel_when_abandoned = app.config.coalesce.cancel_when_abandoned;
+            let abandon = async {
+                if cancel_when_abandoned {
+                    abandoned(&log, &publisher).await;
+                } else {
+                    std::future::pending::<()>().await;
                 }
-            } else {
-                relay.await
+            };
+            let summary = tokio::select! {
+                summary = relay => summary,
+                // Shutdown past the drain timeout: every reader gets an error event
+                // and a clean end; the flight ends, so its Redis lock is released.
+                () = app.cut_upstream.cancelled() => {
+                    log.interrupt(sse::error_event("the gateway is shutting down; the stream was cut"));
+                    app.metrics.upstream_usage(&bill, None);
+                    return Err(GatewayError::ShuttingDown);
+                }
+                // Every reader left and nobody waits for the complete answer: stop the spend.
+                () = abandon => {
+                    // Paid for, up to where it stopped; how much is unknown.
+                    app.metrics.upstream_usage(&bill, None);
+                    return Err(GatewayError::UpstreamInvalid {
+                        upstream,
+                        reason: "stream cancelled: every caller left".to_owned(),
+                    });
+                }
             };
             // The stream was paid for whether or not it completed.
             app.metrics.upstream_usage(&bill, summary.usage);
@@ -448,6 +466,7 @@ async fn stream_through(
     outbound: &Outbound,
     bill: &Attribution,
 ) -> Result<Response, GatewayError> {
+    let started = tokio::time::Instant::now();
     let upstream = app
         .upstream
         .call_streaming_billed(outbound, &bill.model)
@@ -459,7 +478,27 @@ async fn stream_through(
         .get(header::CONTENT_TYPE)
         .cloned()
         .unwrap_or_else(|| HeaderValue::from_static("text/event-stream"));
-    let mut response = (status, Body::from_stream(upstream.bytes_stream())).into_response();
+    // Bounded like every upstream body; a stream that stalls or overruns ends
+    // with an OpenAI-style error event and a clean end, as a coalesced one would.
+    let total = app
+        .upstream
+        .request_timeout(outbound.upstream)
+        .saturating_sub(started.elapsed());
+    let stall = app.config.coalesce.stream_stall_timeout;
+    let cut = app.cut_upstream.clone();
+    let body = body::bounded(upstream, stall, total, cut).scan(false, |ended, chunk| {
+        let item = match chunk {
+            _ if *ended => None,
+            Ok(bytes) => Some(Ok::<_, std::convert::Infallible>(bytes)),
+            Err(error) => {
+                tracing::warn!(%error, "a no-store stream broke");
+                *ended = true;
+                Some(Ok(sse::error_event(&error.to_string())))
+            }
+        };
+        futures::future::ready(item)
+    });
+    let mut response = (status, Body::from_stream(body)).into_response();
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, content_type);

@@ -9,7 +9,10 @@
 //! from the moment the connection waits for a request head, so it also closes
 //! a connection that never sends a byte and an idle keep-alive one. Bodies are
 //! read under `server.body_read_timeout` (408 after) and `limits.max_body_bytes`
-//! (413, with or without a `Content-Length`).
+//! (413, with or without a `Content-Length`). Responses are written under
+//! `server.write_timeout`: a client that accepts no byte for that long (it
+//! opened a stream and stopped reading) is disconnected, which drops its
+//! response body and whatever the body held.
 //!
 //! HTTP/2 is not served: hyper's h2 server has no handshake timeout, so a slow
 //! preface would be a slowloris of its own; clients of an OpenAI API speak
@@ -24,6 +27,7 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use tokio::net::TcpListener;
+use tokio_io_timeout::TimeoutStream;
 
 use crate::{api, state::AppState};
 
@@ -66,8 +70,14 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let connection =
-            graceful.watch(http.serve_connection(TokioIo::new(stream), service.clone()));
+        // A write that makes no progress for `server.write_timeout` fails the
+        // connection: a client that stopped reading is dropped, and with it its
+        // response body (a stream reader, the log it holds).
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(state.config.server.write_timeout));
+        let connection = graceful.watch(
+            http.serve_connection(TokioIo::new(Box::pin(stream)), service.clone()),
+        );
         tokio::spawn(async move {
             // Header timeouts, resets and half-read bodies end up here; none is ours to report.
             if let Err(err) = connection.await {

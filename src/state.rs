@@ -19,8 +19,17 @@ use crate::{
     limits::Limits,
     metrics::Metrics,
     passthrough::Policy,
+    sse::LogLimits,
     upstream::{Routes, Upstream},
 };
+
+fn stream_log_limits(config: &Config, metrics: &Metrics) -> LogLimits {
+    LogLimits {
+        max_bytes: config.limits.max_response_bytes,
+        max_reader_lag: config.coalesce.max_reader_lag_bytes,
+        tally: Some(metrics.stream_log_bytes()),
+    }
+}
 
 #[derive(Debug)]
 pub struct AppState {
@@ -79,6 +88,11 @@ impl AppState {
         }
     }
 
+    /// How this gateway's stream logs are bounded and counted.
+    pub fn stream_log_limits(&self) -> LogLimits {
+        stream_log_limits(&self.config, &self.metrics)
+    }
+
     pub fn build(config: Config) -> anyhow::Result<Self> {
         Self::build_with_clock(config, Arc::new(SystemClock))
     }
@@ -108,16 +122,12 @@ impl AppState {
         });
         let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
             (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
-                config.cache.max_entries,
                 config.cache.max_bytes,
                 redis.l1_ttl,
                 cluster.clone(),
                 clock.clone(),
             )),
-            _ => Arc::new(MemoryStore::new(
-                config.cache.max_entries,
-                config.cache.max_bytes,
-            )),
+            _ => Arc::new(MemoryStore::new(config.cache.max_bytes)),
         };
         let ttl = TtlPolicy {
             soft_ttl: config.cache.soft_ttl,
@@ -135,8 +145,9 @@ impl AppState {
                 error_ttl: config.cache.error_ttl,
                 early_refresh_beta: config.cache.early_refresh_beta,
                 wait_timeout: config.coalesce.wait_timeout,
-                stream_max_bytes: config.limits.max_response_bytes,
+                stream_limits: stream_log_limits(&config, &metrics),
                 stream_stall_timeout: config.coalesce.stream_stall_timeout,
+                max_entry_bytes: config.cache.max_entry_bytes,
             },
             config.coalesce.clone(),
             tasks.clone(),

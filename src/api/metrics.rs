@@ -15,7 +15,7 @@ use crate::{
 };
 
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    refresh_live(&app);
+    refresh_live(&app).await;
     (
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
         app.metrics.encode(),
@@ -24,11 +24,12 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
 }
 
 /// Copies what the scrape reads from the running gateway into the gauges.
-pub(super) fn refresh_live(app: &AppState) {
+pub(super) async fn refresh_live(app: &AppState) {
     let flights = app.coalescer.flights();
+    let cache = app.cache.usage().await;
     app.metrics.set_live(Live {
         in_flight: flights.in_flight(),
         waiters: *flights.waiters().borrow(),
-        cache_entries: app.cache.entry_count(),
+        cache,
     });
 }

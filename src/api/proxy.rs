@@ -14,10 +14,15 @@ use axum::{
 };
 use bytes::Bytes;
 
+use tokio::time::Instant;
+
 use super::{models, read_body};
 use crate::{
-    error::GatewayError, passthrough::ProxyPath, request::KEYED_HEADERS, state::AppState,
-    upstream::Outbound,
+    error::GatewayError,
+    passthrough::ProxyPath,
+    request::KEYED_HEADERS,
+    state::AppState,
+    upstream::{Outbound, body},
 };
 
 /// Request headers a proxied call carries; the rest (cookies, hop-by-hop,
@@ -98,6 +103,7 @@ pub(super) fn forwarded_headers(headers: &HeaderMap) -> Vec<(HeaderName, axum::h
 /// Sends `outbound` and streams the provider's answer back, whatever its status.
 async fn relay(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayError> {
     // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
+    let started = Instant::now();
     let upstream = app.upstream.call_streaming(outbound).await?;
     let status = upstream.status();
     let mut response_headers = HeaderMap::new();
@@ -108,7 +114,15 @@ async fn relay(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayE
             response_headers.append(name.clone(), value.clone());
         }
     }
-    let mut response = (status, Body::from_stream(upstream.bytes_stream())).into_response();
+    // The body is bounded like every upstream body: a silent provider ends it
+    // (the client sees it cut short) instead of holding the connection.
+    let total = app
+        .upstream
+        .request_timeout(outbound.upstream)
+        .saturating_sub(started.elapsed());
+    let stall = app.config.coalesce.stream_stall_timeout;
+    let body = body::bounded(upstream, stall, total, app.cut_upstream.clone());
+    let mut response = (status, Body::from_stream(body)).into_response();
     response.headers_mut().extend(response_headers);
     Ok(response)
 }

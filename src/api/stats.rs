@@ -9,6 +9,6 @@ use super::metrics::refresh_live;
 use crate::{metrics::Stats, state::AppState};
 
 pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Stats> {
-    refresh_live(&app);
+    refresh_live(&app).await;
     Json(app.metrics.stats())
 }

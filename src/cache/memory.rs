@@ -1,17 +1,31 @@
-//! The in-process store: a moka cache bounded by entries or bytes. Entries are
-//! evicted at their hard expiry; freshness itself is judged by `Freshness`
-//! against the gateway's clock.
+//! The in-process store: a moka cache bounded in bytes (a weigher counts each
+//! entry's body, headers and a fixed overhead), so memory stays under
+//! `cache.max_bytes` whatever the answers weigh. Entries are evicted at their
+//! hard expiry; freshness itself is judged by `Freshness` against the
+//! gateway's clock.
 
 use std::{sync::Arc, time::Duration, time::Instant};
 
 use async_trait::async_trait;
 use moka::{Expiry, future::Cache};
 
-use super::{CacheStore, Entry};
+use super::{CacheStore, CacheUsage, Entry};
 use crate::fingerprint::{CacheKey, Fingerprint};
 
-/// Bytes counted per entry beyond its body: headers, timeline, map overhead.
-const ENTRY_OVERHEAD_BYTES: u64 = 256;
+/// Bytes counted per entry beyond its body and headers: the `Entry`, the
+/// `StoredResponse`, the key and moka's own bookkeeping for it.
+pub const ENTRY_OVERHEAD_BYTES: u64 = 512;
+
+/// What an entry weighs against `cache.max_bytes`.
+pub fn entry_weight(entry: &Entry) -> u64 {
+    let headers: usize = entry
+        .response
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    (entry.response.body.len() + headers) as u64 + ENTRY_OVERHEAD_BYTES
+}
 
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
@@ -47,28 +61,20 @@ impl Expiry<Fingerprint, Arc<Entry>> for HardExpiry {
 }
 
 impl MemoryStore {
-    /// Bounded by `max_bytes` (body sizes) when given, else by `max_entries`.
-    pub fn new(max_entries: Option<u64>, max_bytes: Option<u64>) -> Self {
-        Self::with_max_ttl(max_entries, max_bytes, None)
+    /// Bounded by `max_bytes` of [`entry_weight`].
+    pub fn new(max_bytes: u64) -> Self {
+        Self::with_max_ttl(max_bytes, None)
     }
 
     /// As `new`, evicting every entry after `max_ttl` at the latest.
-    pub fn with_max_ttl(
-        max_entries: Option<u64>,
-        max_bytes: Option<u64>,
-        max_ttl: Option<Duration>,
-    ) -> Self {
-        let builder = Cache::builder().expire_after(HardExpiry { max_ttl });
-        let cache = match max_bytes {
-            Some(max_bytes) => builder
-                .weigher(|_key, entry: &Arc<Entry>| {
-                    let weight = entry.response.body.len() as u64 + ENTRY_OVERHEAD_BYTES;
-                    u32::try_from(weight).unwrap_or(u32::MAX)
-                })
-                .max_capacity(max_bytes)
-                .build(),
-            None => builder.max_capacity(max_entries.unwrap_or(10_000)).build(),
-        };
+    pub fn with_max_ttl(max_bytes: u64, max_ttl: Option<Duration>) -> Self {
+        let cache = Cache::builder()
+            .expire_after(HardExpiry { max_ttl })
+            .weigher(|_key, entry: &Arc<Entry>| {
+                u32::try_from(entry_weight(entry)).unwrap_or(u32::MAX)
+            })
+            .max_capacity(max_bytes)
+            .build();
         Self { cache }
     }
 }
@@ -84,7 +90,12 @@ impl CacheStore for MemoryStore {
         self.cache.insert(key.fingerprint, entry).await;
     }
 
-    fn entry_count(&self) -> Option<u64> {
-        Some(self.cache.entry_count())
+    async fn usage(&self) -> Option<CacheUsage> {
+        // Moka applies evictions in batches; settle them so the numbers are current.
+        self.cache.run_pending_tasks().await;
+        Some(CacheUsage {
+            entries: self.cache.entry_count(),
+            bytes: self.cache.weighted_size(),
+        })
     }
 }

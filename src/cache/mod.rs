@@ -13,7 +13,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
 
 pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
-pub use memory::MemoryStore;
+pub use memory::{ENTRY_OVERHEAD_BYTES, MemoryStore, entry_weight};
 pub use tiered::TieredStore;
 
 use crate::fingerprint::CacheKey;
@@ -57,6 +57,14 @@ impl Entry {
 pub trait CacheStore: Send + Sync + std::fmt::Debug {
     async fn get(&self, key: &CacheKey) -> Option<Arc<Entry>>;
     async fn put(&self, key: &CacheKey, entry: Arc<Entry>);
-    /// Number of entries, where the store knows it cheaply.
-    fn entry_count(&self) -> Option<u64>;
+    /// Entries and weighed bytes of the in-process store, where there is one.
+    async fn usage(&self) -> Option<CacheUsage>;
+}
+
+/// What the in-process cache holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheUsage {
+    pub entries: u64,
+    /// Weighed as `cache.max_bytes` counts them ([`entry_weight`]).
+    pub bytes: u64,
 }

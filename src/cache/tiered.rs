@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 
-use super::{CacheStore, Entry, Freshness, MemoryStore};
+use super::{CacheStore, CacheUsage, Entry, Freshness, MemoryStore};
 use crate::{clock::Clock, cluster::Cluster, fingerprint::CacheKey};
 
 #[derive(Debug)]
@@ -18,14 +18,13 @@ pub struct TieredStore {
 
 impl TieredStore {
     pub fn new(
-        max_entries: Option<u64>,
-        max_bytes: Option<u64>,
+        max_bytes: u64,
         l1_ttl: Duration,
         l2: Arc<Cluster>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
-            l1: MemoryStore::with_max_ttl(max_entries, max_bytes, Some(l1_ttl)),
+            l1: MemoryStore::with_max_ttl(max_bytes, Some(l1_ttl)),
             l2,
             clock,
         }
@@ -71,7 +70,7 @@ impl CacheStore for TieredStore {
         let _ = self.l2.put_entry(key, &entry, self.clock.now_ms()).await;
     }
 
-    fn entry_count(&self) -> Option<u64> {
-        self.l1.entry_count()
+    async fn usage(&self) -> Option<CacheUsage> {
+        self.l1.usage().await
     }
 }

@@ -686,7 +686,7 @@ impl Cluster {
         key: &CacheKey,
         token: &str,
         publisher: &StreamPublisher,
-        max_bytes: usize,
+        limits: crate::sse::LogLimits,
         stall_timeout: Duration,
     ) {
         let name = self.keys.events(key, token);
@@ -736,7 +736,7 @@ impl Cluster {
                     return;
                 };
                 let writer_ref = writer.get_or_insert_with(|| {
-                    let (log, writer) = StreamLog::new(max_bytes);
+                    let (log, writer) = StreamLog::with_limits(limits.clone());
                     publisher.publish_remote(log);
                     writer
                 });

@@ -59,11 +59,11 @@ pub(super) async fn cluster_flight(
                         token.clone(),
                         publisher.clone(),
                     );
-                    let (max_bytes, stall) =
-                        (context.stream_max_bytes, context.stream_stall_timeout);
+                    let (limits, stall) =
+                        (context.stream_limits.clone(), context.stream_stall_timeout);
                     tokio::spawn(async move {
                         cluster
-                            .relay_events(&key, &token, &publisher, max_bytes, stall)
+                            .relay_events(&key, &token, &publisher, limits, stall)
                             .await;
                     })
                 });

@@ -16,7 +16,9 @@ pub use flight::{
 };
 
 use crate::{
-    cache::{CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, should_refresh_early},
+    cache::{
+        CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, entry_weight, should_refresh_early,
+    },
     clock::Clock,
     cluster::Cluster,
     config::{CoalesceConfig, OnWaitTimeout},
@@ -129,9 +131,11 @@ pub struct FlightContext {
     /// XFetch's beta; 0 disables early refresh.
     pub early_refresh_beta: f64,
     pub wait_timeout: Duration,
-    /// Bound of a relayed stream's log, and how long it may go without an event.
-    pub stream_max_bytes: usize,
+    /// Bounds of a relayed stream's log, and how long it may go without an event.
+    pub stream_limits: crate::sse::LogLimits,
     pub stream_stall_timeout: Duration,
+    /// Answers larger than this are served but never stored.
+    pub max_entry_bytes: u64,
 }
 
 impl Coalescer {
@@ -370,8 +374,8 @@ async fn load_and_store(
 ) -> Outcome {
     let loaded = loader(publisher.clone()).await.map_err(Arc::new)?;
     let response = Arc::new(loaded.response);
-    let stored = policy.write && loaded.cacheable;
-    if stored {
+    let mut stored = false;
+    if policy.write && loaded.cacheable {
         let now = context.clock.now_ms();
         let (soft, hard) = context.ttl.expiries(now, &mut rand::rng());
         let entry = Entry {
@@ -381,7 +385,17 @@ async fn load_and_store(
             hard_expires_at_ms: hard,
             compute_time: loaded.compute_time,
         };
-        context.cache.put(key, Arc::new(entry)).await;
+        // One huge answer must not evict thousands of ordinary ones.
+        if entry_weight(&entry) <= context.max_entry_bytes {
+            context.cache.put(key, Arc::new(entry)).await;
+            stored = true;
+        } else {
+            tracing::info!(
+                bytes = response.body.len(),
+                max_entry_bytes = context.max_entry_bytes,
+                "answer served but not stored: larger than cache.max_entry_bytes"
+            );
+        }
     }
     Ok(Fetched {
         response,

@@ -52,10 +52,12 @@ pub use stats::{
 };
 
 use crate::{
+    cache::CacheUsage,
     coalesce::CacheStatus,
     config::Config,
     ledger::{Account, AnswerAmounts, AnswerKey, Books, Side},
     pricing::{PicoUsd, Snapshot},
+    sse::LogBytes,
     usage::Usage,
 };
 
@@ -151,7 +153,7 @@ pub struct Attribution {
 pub struct Live {
     pub in_flight: usize,
     pub waiters: usize,
-    pub cache_entries: Option<u64>,
+    pub cache: Option<CacheUsage>,
 }
 
 /// The gateway's metrics. Cheap to clone (an `Arc` inside); every clone counts
@@ -188,6 +190,10 @@ struct Inner {
     in_flight: Gauge,
     waiters: Gauge,
     cache_entries: Gauge,
+    cache_bytes: Gauge,
+    /// Counted by the stream logs themselves; copied into `stream_log_bytes_gauge` on scrape.
+    stream_log_bytes: LogBytes,
+    stream_log_bytes_gauge: Gauge,
     redis_errors: Counter,
     history: Mutex<History>,
 }
@@ -260,6 +266,18 @@ impl Metrics {
             "Entries in the in-process cache (approximate)",
             cache_entries.clone(),
         );
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "corral_cache_bytes",
+            "Bytes held by the in-process cache, as cache.max_bytes weighs them",
+            cache_bytes.clone(),
+        );
+        let stream_log_bytes_gauge = Gauge::default();
+        registry.register(
+            "corral_stream_log_bytes",
+            "Bytes held by stream event logs (live streams, and finished ones a reader still holds)",
+            stream_log_bytes_gauge.clone(),
+        );
         let redis_errors = Counter::default();
         registry.register(
             "corral_redis_errors",
@@ -304,6 +322,9 @@ impl Metrics {
                 in_flight,
                 waiters,
                 cache_entries,
+                cache_bytes,
+                stream_log_bytes: LogBytes::default(),
+                stream_log_bytes_gauge,
                 redis_errors,
                 history: Mutex::new(History::new(started_at_ms)),
             }),
@@ -468,9 +489,17 @@ impl Metrics {
         let to_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.inner.in_flight.set(to_i64(live.in_flight as u64));
         self.inner.waiters.set(to_i64(live.waiters as u64));
-        if let Some(entries) = live.cache_entries {
-            self.inner.cache_entries.set(to_i64(entries));
+        if let Some(cache) = live.cache {
+            self.inner.cache_entries.set(to_i64(cache.entries));
+            self.inner.cache_bytes.set(to_i64(cache.bytes));
         }
+        let stream_bytes = self.inner.stream_log_bytes.get() as u64;
+        self.inner.stream_log_bytes_gauge.set(to_i64(stream_bytes));
+    }
+
+    /// The tally every stream log of this gateway counts its bytes into.
+    pub fn stream_log_bytes(&self) -> LogBytes {
+        self.inner.stream_log_bytes.clone()
     }
 
     /// The registry in the Prometheus text format (0.0.4).

@@ -55,6 +55,11 @@ pub struct Stats {
     pub in_flight: i64,
     pub waiters: i64,
     pub cache_entries: i64,
+    /// Bytes the in-process cache holds, as `cache.max_bytes` weighs them.
+    pub cache_bytes: i64,
+    /// Bytes held by stream event logs: live streams, and finished ones that a
+    /// reader still holds. Returns to zero once every stream and reader is gone.
+    pub stream_log_bytes: i64,
     pub redis_errors: u64,
     /// Cumulative spent and saved USD over time, oldest first, ending now.
     pub history: Vec<Point>,
@@ -553,6 +558,8 @@ impl Metrics {
             in_flight: inner.in_flight.get(),
             waiters: inner.waiters.get(),
             cache_entries: inner.cache_entries.get(),
+            cache_bytes: inner.cache_bytes.get(),
+            stream_log_bytes: inner.stream_log_bytes_gauge.get(),
             redis_errors: inner.redis_errors.get(),
             history,
         }

@@ -14,6 +14,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -57,6 +58,49 @@ struct Shared {
     state: watch::Sender<LogState>,
     readers: watch::Sender<ReaderCount>,
     max_bytes: usize,
+    /// A reader further behind the live tail than this is cut (`usize::MAX`: never).
+    max_reader_lag: usize,
+    /// Where the log's bytes are counted while it lives.
+    tally: Option<LogBytes>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(tally) = &self.tally {
+            tally.sub(self.state.borrow().bytes);
+        }
+    }
+}
+
+/// The bytes held by every stream log of one gateway, live and finished, until
+/// the last handle (writer, flight, reader) of each is gone: what `/stats`
+/// reports as `stream_log_bytes`. Cheap to clone; clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct LogBytes(Arc<AtomicUsize>);
+
+impl LogBytes {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, bytes: usize) {
+        self.0.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn sub(&self, bytes: usize) {
+        self.0.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// How a log is bounded and counted.
+#[derive(Debug, Clone)]
+pub struct LogLimits {
+    /// The whole log's bound (see [`StreamLog::new`]).
+    pub max_bytes: usize,
+    /// A reader that falls further behind the live tail than this gets an
+    /// error event and ends, instead of pinning the log for as long as it dawdles.
+    pub max_reader_lag: usize,
+    pub tally: Option<LogBytes>,
 }
 
 #[derive(Debug, Default)]
@@ -73,12 +117,18 @@ struct LogState {
 struct Entry {
     event: Bytes,
     usage_free: UsageFree,
+    /// The log's byte count once this entry was in (a reader's lag is measured against it).
+    end_offset: usize,
 }
 
 impl Entry {
     fn new(event: Bytes) -> Self {
         let usage_free = UsageFree::of(&event);
-        Self { event, usage_free }
+        Self {
+            event,
+            usage_free,
+            end_offset: 0,
+        }
     }
 
     /// A terminal event (`[DONE]` or an error) reads the same in both views.
@@ -86,6 +136,7 @@ impl Entry {
         Self {
             event,
             usage_free: UsageFree::Same,
+            end_offset: 0,
         }
     }
 
@@ -120,10 +171,21 @@ impl StreamLog {
     /// An append past the bound fails the stream for everyone rather than dropping events:
     /// a reader must get the whole stream or an error, never a stream with a hole in it.
     pub fn new(max_bytes: usize) -> (StreamLog, StreamWriter) {
+        StreamLog::with_limits(LogLimits {
+            max_bytes,
+            max_reader_lag: usize::MAX,
+            tally: None,
+        })
+    }
+
+    /// As [`new`](Self::new), with a reader lag bound and the gateway's byte tally.
+    pub fn with_limits(limits: LogLimits) -> (StreamLog, StreamWriter) {
         let shared = Arc::new(Shared {
             state: watch::Sender::new(LogState::default()),
             readers: watch::Sender::new(ReaderCount::default()),
-            max_bytes,
+            max_bytes: limits.max_bytes,
+            max_reader_lag: limits.max_reader_lag,
+            tally: limits.tally,
         });
         let log = StreamLog {
             shared: Arc::clone(&shared),
@@ -152,9 +214,13 @@ impl StreamLog {
             count.live += 1;
             count.joined = true;
         });
+        let state = self.shared.state.subscribe();
+        let joined_at = state.borrow().bytes;
         StreamReader {
-            state: self.shared.state.subscribe(),
+            state,
             cursor: 0,
+            joined_at,
+            cut: false,
             usage,
             shared: Arc::clone(&self.shared),
         }
@@ -175,6 +241,19 @@ impl StreamLog {
         let _ = readers
             .wait_for(|count| count.joined && count.live == 0)
             .await;
+    }
+
+    /// Ends a live stream from outside its writer (shutdown cuts it): every reader gets
+    /// `error_event` last. A no-op on a log that has ended; the writer's later appends fail.
+    pub fn interrupt(&self, error_event: Bytes) {
+        let tally = self.shared.tally.as_ref();
+        self.shared.state.send_if_modified(|state| {
+            if state.end.is_some() {
+                return false;
+            }
+            terminate(state, LogEnd::Failed(error_event), tally);
+            true
+        });
     }
 
     /// How the stream ended, if it has.
@@ -262,10 +341,16 @@ impl StreamWriter {
             if bytes > max_bytes {
                 result = Err(AppendError::Full { max_bytes });
                 let broken = BrokenStream::TooLarge { max_bytes };
-                terminate(state, LogEnd::Failed(error_event(&broken.to_string())));
+                let event = error_event(&broken.to_string());
+                terminate(state, LogEnd::Failed(event), self.shared.tally.as_ref());
                 return true;
             }
+            if let Some(tally) = &self.shared.tally {
+                tally.add(entry.bytes());
+            }
             state.bytes = bytes;
+            let mut entry = entry;
+            entry.end_offset = bytes;
             state.entries.push(entry);
             true
         });
@@ -289,7 +374,7 @@ impl StreamWriter {
             if state.end.is_some() {
                 return false;
             }
-            terminate(state, end);
+            terminate(state, end, self.shared.tally.as_ref());
             true
         });
     }
@@ -304,13 +389,17 @@ impl Drop for StreamWriter {
 
 /// Appends the terminal event and records the end. The terminal event is accepted past the
 /// bound: it is small, and without it readers would not learn why their stream stopped.
-fn terminate(state: &mut LogState, end: LogEnd) {
+fn terminate(state: &mut LogState, end: LogEnd, tally: Option<&LogBytes>) {
     let event = match &end {
         LogEnd::Done => done_event(),
         LogEnd::Failed(event) => event.clone(),
     };
-    let entry = Entry::terminal(event);
+    let mut entry = Entry::terminal(event);
+    if let Some(tally) = tally {
+        tally.add(entry.bytes());
+    }
     state.bytes = state.bytes.saturating_add(entry.bytes());
+    entry.end_offset = state.bytes;
     state.entries.push(entry);
     state.end = Some(end);
 }
@@ -321,6 +410,11 @@ fn terminate(state: &mut LogState, end: LogEnd) {
 pub struct StreamReader {
     state: watch::Receiver<LogState>,
     cursor: usize,
+    /// The log's size when this reader joined: what was there already is replayed from
+    /// memory and does not count as lag (a late joiner is not a slow one).
+    joined_at: usize,
+    /// Cut for lagging: its error event was its last.
+    cut: bool,
     usage: CallerUsage,
     shared: Arc<Shared>,
 }
@@ -328,12 +422,33 @@ pub struct StreamReader {
 impl StreamReader {
     /// The next event for this caller, waiting for the writer if the reader is caught up;
     /// `None` after the terminal event.
+    ///
+    /// A reader more than the log's `max_reader_lag` bytes behind a live stream gets an
+    /// error event instead, and then `None`: a client that reads slower than the provider
+    /// writes is told so, rather than keeping the log alive for as long as it dawdles.
     pub async fn next_event(&mut self) -> Option<Bytes> {
+        if self.cut {
+            return None;
+        }
         loop {
             {
                 // Marking the version seen before looking means an append that lands after
                 // this look wakes the `changed` below: no event can slip between the two.
                 let state = self.state.borrow_and_update();
+                if state.end.is_none() {
+                    let read = match self.cursor {
+                        0 => 0,
+                        n => state.entries[n - 1].end_offset,
+                    };
+                    let lag = state.bytes - read.max(self.joined_at);
+                    if lag > self.shared.max_reader_lag {
+                        self.cut = true;
+                        return Some(error_event(&format!(
+                            "this client fell more than {} bytes behind the stream",
+                            self.shared.max_reader_lag
+                        )));
+                    }
+                }
                 while let Some(entry) = state.entries.get(self.cursor) {
                     self.cursor += 1;
                     if let Some(event) = entry.view(self.usage) {

@@ -28,8 +28,10 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub use convert::{ConvertError, assemble, synthesize};
-pub use log::{AppendError, LogEnd, StreamLog, StreamReader, StreamWriter};
-pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response};
+pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
+pub use relay::{
+    BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until,
+};
 pub use usage::{CallerUsage, UpstreamStreamRequest, force_include_usage, without_usage};
 
 /// The event that ends every complete stream.

@@ -13,6 +13,8 @@ use std::error::Error as StdError;
 use std::pin::pin;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 use serde_json::{Value, json};
@@ -30,6 +32,9 @@ pub enum BrokenStream {
     EndedWithoutDone,
     #[error("the upstream stream sent no event for {0:?}")]
     Stalled(Duration),
+    /// The stream as a whole ran past its total deadline (`request_timeout`).
+    #[error("the upstream stream did not complete within {0:?}")]
+    DeadlineExceeded(Duration),
     #[error("the upstream stream sent a malformed event")]
     Malformed { detail: String },
     #[error("reading the upstream stream failed")]
@@ -74,12 +79,17 @@ impl RelaySummary {
 /// Relays the body of a successful streamed upstream response. Checking the status (and
 /// retrying) is the caller's business and happens before: nothing is retried once an event
 /// may have reached a reader.
+///
+/// `total` bounds the whole stream from now: past it, the stream is broken however
+/// steadily events arrive (a provider that drips an event every few seconds would
+/// otherwise hold the flight, and its Redis lock, for as long as it drips).
 pub async fn relay_response(
     response: reqwest::Response,
     writer: StreamWriter,
     stall_timeout: Duration,
+    total: Duration,
 ) -> RelaySummary {
-    relay(response.bytes_stream(), writer, stall_timeout).await
+    relay_until(response.bytes_stream(), writer, stall_timeout, Some(total)).await
 }
 
 /// Reads `body` as SSE into the writer's log until `[DONE]` or a broken stream, then ends the
@@ -95,6 +105,21 @@ where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
+    relay_until(body, writer, stall_timeout, None).await
+}
+
+/// As [`relay`], and the whole stream must end within `total` from now.
+pub async fn relay_until<S, E>(
+    body: S,
+    writer: StreamWriter,
+    stall_timeout: Duration,
+    total: Option<Duration>,
+) -> RelaySummary
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let deadline = total.map(|total| (Instant::now() + total, total));
     let log = writer.log();
     let max_bytes = log.max_bytes();
     let mut read = 0_usize;
@@ -107,7 +132,7 @@ where
         Ok(chunk)
     });
     let mut usage = None;
-    let (outcome, terminal) = read_events(input, writer, stall_timeout, &mut usage).await;
+    let (outcome, terminal) = read_events(input, writer, stall_timeout, deadline, &mut usage).await;
     if let Some((writer, event)) = terminal {
         writer.fail(event);
     }
@@ -124,6 +149,7 @@ async fn read_events<S>(
     input: S,
     mut writer: StreamWriter,
     stall_timeout: Duration,
+    deadline: Option<(Instant, Duration)>,
     usage: &mut Option<Usage>,
 ) -> (RelayOutcome, Option<(StreamWriter, Bytes)>)
 where
@@ -132,9 +158,14 @@ where
     let max_bytes = writer.log().max_bytes();
     let mut events = pin!(SseByteStream::new(input));
     let broken = loop {
-        let next = match tokio::time::timeout(stall_timeout, events.next()).await {
+        let stall_at = Instant::now() + stall_timeout;
+        let wait_until = deadline.map_or(stall_at, |(at, _)| at.min(stall_at));
+        let next = match tokio::time::timeout_at(wait_until, events.next()).await {
             Ok(next) => next,
-            Err(_) => break BrokenStream::Stalled(stall_timeout),
+            Err(_) => match deadline {
+                Some((at, total)) if at <= stall_at => break BrokenStream::DeadlineExceeded(total),
+                _ => break BrokenStream::Stalled(stall_timeout),
+            },
         };
         let sse = match next {
             None => break BrokenStream::EndedWithoutDone,

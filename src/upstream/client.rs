@@ -131,6 +131,12 @@ impl Upstream {
         &self.targets[upstream].name
     }
 
+    /// `upstream`'s `request_timeout`: the bound on one attempt, a streamed
+    /// body included (from the request to its last byte).
+    pub fn request_timeout(&self, upstream: usize) -> Duration {
+        self.targets[upstream].request_timeout
+    }
+
     /// The state of `upstream`'s circuit.
     pub fn circuit(&self, upstream: usize) -> BreakerState {
         self.targets[upstream].guard.breaker.state()

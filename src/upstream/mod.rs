@@ -1,6 +1,7 @@
 //! Calls to the providers: routing by model, one pooled HTTP client, the
 //! retry policy around it, and each upstream's breaker, budget and caps.
 
+pub mod body;
 pub mod breaker;
 mod client;
 pub mod retry;
