@@ -609,6 +609,9 @@ const EVENTS_MAX_LEN: usize = 100_000;
 const EVENTS_TTL: Duration = Duration::from_secs(60);
 /// One blocking read's wait; the relay checks for a stall between reads.
 const EVENTS_BLOCK: Duration = Duration::from_millis(500);
+/// Once the owner's flight is over, how long its mirror may stay quiet before
+/// a follower's relay gives up on the end marker.
+const SETTLED_GRACE: Duration = Duration::from_secs(1);
 
 impl Cluster {
     /// A mirror for the cluster owner's flight: every event of the published
@@ -680,7 +683,11 @@ impl Cluster {
 
     /// A follower's live relay of the owner's mirrored stream into a local
     /// log, published to this instance's flight at the first event. Returns
-    /// when the end marker arrives, the stream stalls, or Redis fails.
+    /// when the end marker arrives, the stream stalls, or Redis fails; and,
+    /// once `settled` fires (the owner's flight is over: recorded, or its lock
+    /// gone), as soon as it has read everything the mirror holds: a mirror
+    /// without its end marker then fails the log at once instead of after
+    /// `stall_timeout`.
     pub async fn relay_events(
         &self,
         key: &CacheKey,
@@ -688,6 +695,7 @@ impl Cluster {
         publisher: &StreamPublisher,
         limits: crate::sse::LogLimits,
         stall_timeout: Duration,
+        settled: CancellationToken,
     ) {
         let name = self.keys.events(key, token);
         let Ok(Ok(mut conn)) = tokio::time::timeout(
@@ -702,7 +710,11 @@ impl Cluster {
         let mut last_id = "0".to_owned();
         let mut last_event = Instant::now();
         let mut seq = 0u64;
+        let mut settled_at = None;
         loop {
+            if settled_at.is_none() && settled.is_cancelled() {
+                settled_at = Some(Instant::now());
+            }
             let reply: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREAD")
                 .arg("COUNT")
                 .arg(256)
@@ -759,6 +771,18 @@ impl Cluster {
                         }
                     }
                 }
+            }
+            // The owner's flight is over, yet its mirror went quiet without an end
+            // marker (the owner died mid-stream, or Redis dropped a write): end
+            // after a short grace (the owner's mirror task may still be writing
+            // its last events), not after the stall timeout.
+            if settled_at.is_some_and(|at| last_event.max(at).elapsed() > SETTLED_GRACE) {
+                if let Some(writer) = writer {
+                    writer.fail(sse::error_event(
+                        "the shared stream ended without completing",
+                    ));
+                }
+                return;
             }
             if last_event.elapsed() > stall_timeout {
                 if let Some(writer) = writer {

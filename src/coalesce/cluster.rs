@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use axum::http::{HeaderName, header};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     Fetched, FlightContext, Loader, MAX_ELECTIONS, Outcome, Source, StreamPublisher, fresh_entry,
@@ -52,24 +53,32 @@ pub(super) async fn cluster_flight(
             }
             Ok(LockAttempt::Held(token)) => {
                 // A streaming caller here: relay the owner's mirrored events live.
+                // `settled` tells the relay the owner's flight is over (recorded, or
+                // its lock gone): from then on it reads what the mirror holds and
+                // ends, instead of waiting out the stall timeout for events that
+                // will never come.
+                let settled = CancellationToken::new();
                 let relay = publisher.is_live().then(|| {
-                    let (cluster, key, token, publisher) = (
+                    let (cluster, key, token, publisher, settled) = (
                         cluster.clone(),
                         key.clone(),
                         token.clone(),
                         publisher.clone(),
+                        settled.clone(),
                     );
                     let (limits, stall) =
                         (context.stream_limits.clone(), context.stream_stall_timeout);
                     tokio::spawn(async move {
                         cluster
-                            .relay_events(&key, &token, &publisher, limits, stall)
+                            .relay_events(&key, &token, &publisher, limits, stall, settled)
                             .await;
                     })
                 });
                 let followed = cluster.follow(key, token, deadline).await;
+                settled.cancel();
                 // A relay that never saw an event (the owner did not stream)
-                // is not needed; one under way ends at the end marker by itself.
+                // is not needed; one under way ends at the end marker, or at the
+                // end of what the mirror holds, by itself.
                 if let Some(relay) = relay
                     && !publisher.published()
                 {

@@ -10,6 +10,7 @@ mod bad_input;
 mod cluster;
 mod cost;
 mod dashboard;
+mod deadlines;
 mod dedup;
 mod edges;
 mod fuzz_corpora;
