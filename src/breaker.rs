@@ -83,7 +83,8 @@ impl Permit<'_> {
     /// The dependency answered: the circuit closes and the failure count resets.
     pub fn success(mut self) {
         self.settled = true;
-        self.breaker.transition(|_| Some(Phase::Closed { failures: 0 }));
+        self.breaker
+            .transition(|_| Some(Phase::Closed { failures: 0 }));
     }
 
     /// The dependency failed. Returns whether this failure opened the circuit
@@ -225,7 +226,10 @@ mod tests {
         let breaker = breaker(3, Duration::from_secs(10));
         assert!(!breaker.admit().unwrap().failure());
         assert!(!breaker.admit().unwrap().failure());
-        assert!(breaker.admit().unwrap().failure(), "the third failure opens");
+        assert!(
+            breaker.admit().unwrap().failure(),
+            "the third failure opens"
+        );
         assert_eq!(breaker.state(), BreakerState::Open);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(breaker.admit().unwrap_err(), Duration::from_secs(9));
@@ -234,7 +238,10 @@ mod tests {
         assert!(probe.is_probe());
         assert_eq!(breaker.state(), BreakerState::HalfOpen);
         assert!(breaker.admit().is_err(), "one probe at a time");
-        assert!(!probe.failure(), "a failed probe reopens, it does not 'open'");
+        assert!(
+            !probe.failure(),
+            "a failed probe reopens, it does not 'open'"
+        );
         assert_eq!(breaker.state(), BreakerState::Open);
         tokio::time::advance(Duration::from_secs(10)).await;
         breaker.admit().unwrap().success();

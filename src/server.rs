@@ -75,9 +75,8 @@ pub async fn serve(
         // response body (a stream reader, the log it holds).
         let mut stream = TimeoutStream::new(stream);
         stream.set_write_timeout(Some(state.config.server.write_timeout));
-        let connection = graceful.watch(
-            http.serve_connection(TokioIo::new(Box::pin(stream)), service.clone()),
-        );
+        let connection =
+            graceful.watch(http.serve_connection(TokioIo::new(Box::pin(stream)), service.clone()));
         tokio::spawn(async move {
             // Header timeouts, resets and half-read bodies end up here; none is ours to report.
             if let Err(err) = connection.await {

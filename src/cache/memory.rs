@@ -99,3 +99,68 @@ impl CacheStore for MemoryStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::StoredResponse;
+    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
+    use axum::http::StatusCode;
+    use bytes::Bytes;
+
+    fn key(n: u64) -> CacheKey {
+        let scope = TenantScope::global();
+        let body = n.to_le_bytes();
+        CacheKey {
+            fingerprint: Fingerprint::of(&KeyInput {
+                endpoint: Endpoint::ChatCompletions,
+                upstream: "u",
+                scope: &scope,
+                headers: &[],
+                query: &[],
+                body: &body,
+            }),
+            scope,
+        }
+    }
+
+    fn entry(body_bytes: usize) -> Arc<Entry> {
+        Arc::new(Entry {
+            response: Arc::new(StoredResponse {
+                status: StatusCode::OK,
+                headers: Vec::new(),
+                body: Bytes::from(vec![b'x'; body_bytes]),
+                usage: None,
+            }),
+            stored_at_ms: 0,
+            soft_expires_at_ms: 60_000,
+            hard_expires_at_ms: 3_600_000,
+            compute_time: Duration::ZERO,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_distinct_keys_stays_within_the_byte_bound() {
+        let max_bytes = 4 * 1024 * 1024;
+        let store = MemoryStore::new(max_bytes);
+        let body_bytes = 16 * 1024;
+        let keys = 30_000;
+        for n in 0..keys {
+            store.put(&key(n), entry(body_bytes)).await;
+            if n % 5_000 == 4_999 {
+                let usage = store.usage().await.unwrap();
+                assert!(usage.bytes <= max_bytes, "{usage:?}");
+            }
+        }
+        let usage = store.usage().await.unwrap();
+        let weight = body_bytes as u64 + ENTRY_OVERHEAD_BYTES;
+        assert!(usage.bytes <= max_bytes, "{usage:?}");
+        assert!(usage.entries <= max_bytes / weight, "{usage:?}");
+        assert!(usage.bytes > max_bytes / 2, "the bound is used, {usage:?}");
+        assert_eq!(usage.bytes, usage.entries * weight);
+        println!(
+            "{keys} keys x {body_bytes} B inserted; held {} entries, {} bytes",
+            usage.entries, usage.bytes
+        );
+    }
+}

@@ -17,12 +17,7 @@ pub struct TieredStore {
 }
 
 impl TieredStore {
-    pub fn new(
-        max_bytes: u64,
-        l1_ttl: Duration,
-        l2: Arc<Cluster>,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+    pub fn new(max_bytes: u64, l1_ttl: Duration, l2: Arc<Cluster>, clock: Arc<dyn Clock>) -> Self {
         Self {
             l1: MemoryStore::with_max_ttl(max_bytes, Some(l1_ttl)),
             l2,

@@ -39,11 +39,11 @@ use redis::streams::StreamReadReply;
 
 use crate::{
     breaker::{Breaker, BreakerState},
-    clock::SystemClock,
     cache::{
         Entry,
         codec::{self, FlightRecord},
     },
+    clock::SystemClock,
     coalesce::StreamPublisher,
     config::RedisConfig,
     crypto::Sealer,

@@ -29,9 +29,7 @@ use serde_json::{Value, json};
 
 pub use convert::{ConvertError, assemble, synthesize};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
-pub use relay::{
-    BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until,
-};
+pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until};
 pub use usage::{CallerUsage, UpstreamStreamRequest, force_include_usage, without_usage};
 
 /// The event that ends every complete stream.

@@ -15,10 +15,8 @@ use std::{
 
 use axum::{Router, body::Body, extract::State, response::IntoResponse, routing};
 use bytes::Bytes;
-use corral::{
-    config::RedisConfig,
-    mock::{MockProvider, MockSettings},
-};
+use corral::config::RedisConfig;
+use mock_upstream::{MockProvider, MockSettings};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::{
@@ -122,7 +120,10 @@ async fn silent_body() -> impl IntoResponse {
         Ok::<_, Infallible>(Bytes::from_static(b"{\"object\":\"list\",\"data\":["))
     });
     let body = futures::StreamExt::chain(first, futures::stream::pending());
-    ([("content-type", "application/json")], Body::from_stream(body))
+    (
+        [("content-type", "application/json")],
+        Body::from_stream(body),
+    )
 }
 
 /// Sends a streaming request over a socket with a tiny receive buffer and
@@ -192,7 +193,10 @@ async fn twenty_stalled_readers_are_cut_by_the_write_timeout_and_their_memory_re
                     .await
                     .unwrap();
                 assert_eq!(response.status(), StatusCode::OK);
-                let bytes = response.bytes().await.expect("a fast reader gets all of it");
+                let bytes = response
+                    .bytes()
+                    .await
+                    .expect("a fast reader gets all of it");
                 (bytes, Instant::now())
             })
         })
@@ -214,7 +218,11 @@ async fn twenty_stalled_readers_are_cut_by_the_write_timeout_and_their_memory_re
         streams.push(bytes);
     }
     assert!(streams.windows(2).all(|w| w[0] == w[1]), "the same bytes");
-    assert_eq!(upstream.calls.load(Ordering::SeqCst), 1, "one upstream call");
+    assert_eq!(
+        upstream.calls.load(Ordering::SeqCst),
+        1,
+        "one upstream call"
+    );
 
     // Every stalled reader's connection is closed by the server: reading now
     // drains what the kernel buffered and ends (EOF or reset), short of [DONE].
@@ -299,14 +307,16 @@ async fn a_silent_no_store_stream_and_a_silent_passthrough_body_end_within_the_s
     assert_eq!(response.status(), StatusCode::OK);
     let body = response.bytes().await;
     let elapsed = started.elapsed();
-    assert!(body.is_err(), "the client sees the body cut short: {body:?}");
+    assert!(
+        body.is_err(),
+        "the client sees the body cut short: {body:?}"
+    );
     println!("silent pass-through body ended after {elapsed:?}");
     assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_lock_and_no_cache()
-{
+async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_lock_and_no_cache() {
     let redis = RedisServer::spawn().await;
     let provider = MockProvider::start(MockSettings {
         stream_chunk_delay: Duration::from_secs(2),
@@ -363,10 +373,16 @@ async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_l
     gateway.wait_idle().await;
     let keys: Vec<String> = redis.dump().await.into_iter().map(|(k, _)| k).collect();
     assert!(
-        !keys.iter().any(|k| k.contains(":lock:") || k.contains(":resp:")),
+        !keys
+            .iter()
+            .any(|k| k.contains(":lock:") || k.contains(":resp:")),
         "no lock left and nothing cached: {keys:?}"
     );
-    assert_eq!(stat(&gateway, "cache_entries").await, 0, "nothing cached in process");
+    assert_eq!(
+        stat(&gateway, "cache_entries").await,
+        0,
+        "nothing cached in process"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +409,10 @@ async fn a_distinct_key_flood_keeps_the_cache_within_its_bytes() {
     let bytes = stat(&gateway, "cache_bytes").await as u64;
     let entries = stat(&gateway, "cache_entries").await;
     println!("flood: {stored} bytes of answers, cache holds {bytes} bytes in {entries} entries");
-    assert!(stored as u64 > 4 * max_bytes, "the flood outweighs the cache");
+    assert!(
+        stored as u64 > 4 * max_bytes,
+        "the flood outweighs the cache"
+    );
     assert!(bytes <= max_bytes && bytes > max_bytes / 4, "{bytes}");
     let metrics = gateway.get("/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);

@@ -262,3 +262,92 @@ async fn the_reader_streams_through_an_axum_body() {
         &b"data: {\"n\":0}\n\ndata: {\"n\":1}\n\ndata: [DONE]\n\n"[..]
     );
 }
+
+#[tokio::test]
+async fn a_reader_that_falls_too_far_behind_a_live_stream_is_cut_with_an_error_event() {
+    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
+        max_bytes: 1 << 20,
+        max_reader_lag: 100,
+        tally: None,
+    });
+    let big = |n: usize| event(&format!(r#"{{"n":{n},"pad":"{}"}}"#, "x".repeat(40)));
+    writer.append(big(0)).unwrap();
+    writer.append(big(1)).unwrap();
+    writer.append(big(2)).unwrap();
+    // Joined late: what was there already is replayed, not lag.
+    let mut late = log.reader(CallerUsage::Asked);
+    let mut keeping_up = log.reader(CallerUsage::Asked);
+    for n in 0..3 {
+        assert_eq!(late.next_event().await, Some(big(n)));
+        assert_eq!(keeping_up.next_event().await, Some(big(n)));
+    }
+    let mut slow = log.reader(CallerUsage::Asked);
+    for n in 3..6 {
+        writer.append(big(n)).unwrap();
+        assert_eq!(keeping_up.next_event().await, Some(big(n)));
+    }
+    // `slow` joined at the same point as `keeping_up`, then read nothing while
+    // three events (well over 100 bytes) went by: cut.
+    let cut = slow.next_event().await.expect("an error event");
+    assert_eq!(json_of(&cut).unwrap()["error"]["code"], BROKEN_STREAM_CODE);
+    assert_eq!(slow.next_event().await, None, "and then the end");
+    // `late` is behind by the events after its join, more than the cap: cut as well.
+    let events = drain(late).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        json_of(&events[0]).unwrap()["error"]["code"],
+        BROKEN_STREAM_CODE
+    );
+    writer.finish();
+    assert_eq!(
+        keeping_up.next_event().await,
+        Some(Bytes::from_static(DONE_EVENT))
+    );
+}
+
+#[tokio::test]
+async fn a_finished_log_is_never_cut_for_lag() {
+    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
+        max_bytes: 1 << 20,
+        max_reader_lag: 10,
+        tally: None,
+    });
+    let reader = log.reader(CallerUsage::Asked);
+    for n in 0..5 {
+        writer.append(numbered(n)).unwrap();
+    }
+    writer.finish();
+    assert_eq!(drain(reader).await.len(), 6, "every event and [DONE]");
+}
+
+#[tokio::test]
+async fn the_tally_counts_a_log_while_any_handle_lives_and_returns_to_zero() {
+    let tally = crate::sse::LogBytes::default();
+    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
+        max_bytes: 1 << 20,
+        max_reader_lag: usize::MAX,
+        tally: Some(tally.clone()),
+    });
+    let reader = log.reader(CallerUsage::Asked);
+    writer.append(numbered(1)).unwrap();
+    writer.finish();
+    assert_eq!(tally.get(), log.bytes());
+    assert!(tally.get() > 0);
+    drop(log);
+    assert!(tally.get() > 0, "the reader still holds the log");
+    drop(reader);
+    assert_eq!(tally.get(), 0);
+}
+
+#[tokio::test]
+async fn an_interrupted_log_ends_every_reader_with_the_given_error_event() {
+    let (log, mut writer) = StreamLog::new(1 << 20);
+    let reader = log.reader(CallerUsage::Asked);
+    writer.append(numbered(1)).unwrap();
+    let cut = error_event("shutting down");
+    log.interrupt(cut.clone());
+    assert_eq!(writer.append(numbered(2)), Err(AppendError::Ended));
+    drop(writer);
+    assert_eq!(drain(reader).await, vec![numbered(1), cut.clone()]);
+    assert_eq!(log.end(), Some(LogEnd::Failed(cut)));
+}

@@ -62,7 +62,7 @@ async fn relay_stream(
     let upstream = force_include_usage(body);
     let response = post(mock, path, upstream.body).await;
     let (log, writer) = StreamLog::new(1 << 20);
-    let summary = tokio::time::timeout(DEADLINE, relay_response(response, writer, STALL))
+    let summary = tokio::time::timeout(DEADLINE, relay_response(response, writer, STALL, DEADLINE))
         .await
         .expect("the relay should finish");
     (summary, log)

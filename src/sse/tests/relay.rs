@@ -327,3 +327,30 @@ proptest! {
         prop_assert_eq!(reparsed, chunks);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_drips_past_its_total_deadline_is_broken_though_it_never_stalls() {
+    // One event every 2 s, for ever: never a stall under a 30 s stall timeout.
+    let drip = futures::stream::unfold(0u32, |n| async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let chunk = Bytes::from(format!("data: {{\"n\":{n}}}\n\n"));
+        Some((Ok::<_, std::io::Error>(chunk), n + 1))
+    });
+    let (log, writer) = StreamLog::new(1 << 20);
+    let reader = log.reader(crate::sse::CallerUsage::Asked);
+    let started = tokio::time::Instant::now();
+    let summary = crate::sse::relay_until(drip, writer, STALL, Some(Duration::from_secs(5))).await;
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(5),
+        "ends at the deadline"
+    );
+    assert_eq!(
+        broken(&summary),
+        &BrokenStream::DeadlineExceeded(Duration::from_secs(5))
+    );
+    assert_eq!(summary.events.len(), 3, "two events, then the error event");
+    assert_ends_with_error(&summary, &log);
+    let events: Vec<_> = reader.into_stream().map(Result::unwrap).collect().await;
+    assert_eq!(events, summary.events, "the reader got the error event too");
+}
