@@ -257,8 +257,14 @@ fn stream_loader(
                 summary = relay => summary,
                 // Shutdown past the drain timeout: every reader gets an error event
                 // and a clean end; the flight ends, so its Redis lock is released.
-                () = app.cut_upstream.cancelled() => {
-                    log.interrupt(sse::error_event("the gateway is shutting down; the stream was cut"));
+                // (The error event goes in before `select!` drops the relay, whose
+                // writer would otherwise end the log as merely abandoned.)
+                () = async {
+                    app.cut_upstream.cancelled().await;
+                    log.interrupt(sse::error_event(
+                        "the gateway is shutting down; the stream was cut",
+                    ));
+                } => {
                     app.metrics.upstream_usage(&bill, None);
                     return Err(GatewayError::ShuttingDown);
                 }

@@ -224,8 +224,17 @@ async fn twenty_stalled_readers_are_cut_by_the_write_timeout_and_their_memory_re
         "one upstream call"
     );
 
-    // Every stalled reader's connection is closed by the server: reading now
-    // drains what the kernel buffered and ends (EOF or reset), short of [DONE].
+    // The flight is over and the fast readers are done: only the stalled
+    // readers can still hold the 12 MiB log. corral's own count returns to zero
+    // once the write timeout has cut every one of them.
+    let held = wait_for_stat(&gateway, "stream_log_bytes", |bytes| bytes == 0).await;
+    assert_eq!(held, 0, "stream logs still held");
+    println!(
+        "stream logs freed {:?} after the release",
+        released.elapsed()
+    );
+    // Their connections are closed: reading now drains what the kernel had
+    // buffered and ends (EOF or reset), far short of the stream and its [DONE].
     for mut socket in stalled {
         let mut received = Vec::new();
         let read = tokio::time::timeout(WAIT, socket.read_to_end(&mut received))
@@ -241,9 +250,6 @@ async fn twenty_stalled_readers_are_cut_by_the_write_timeout_and_their_memory_re
         );
         assert!(!received.windows(6).any(|w| w == b"[DONE]"));
     }
-    // What the stalled readers held (the 12 MiB log) is freed: corral's own count.
-    let held = wait_for_stat(&gateway, "stream_log_bytes", |bytes| bytes == 0).await;
-    assert_eq!(held, 0, "stream logs still held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -421,4 +427,187 @@ async fn a_distinct_key_flood_keeps_the_cache_within_its_bytes() {
             .any(|line| line == format!("corral_cache_bytes {bytes}")),
         "{text}"
     );
+}
+
+/// Reads a streamed response to its end; the chunks must end cleanly (no
+/// transport error), bounded by `WAIT`.
+async fn read_to_clean_end(mut response: reqwest::Response, mut bytes: Vec<u8>) -> Vec<u8> {
+    while let Some(chunk) = tokio::time::timeout(WAIT, response.chunk())
+        .await
+        .expect("the stream ends")
+        .expect("the stream ends cleanly, not with a transport error")
+    {
+        bytes.extend_from_slice(&chunk);
+    }
+    bytes
+}
+
+/// Reads until at least one whole event arrived.
+async fn first_event(response: &mut reqwest::Response) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    while !bytes.windows(2).any(|w| w == b"\n\n") {
+        let chunk = tokio::time::timeout(WAIT, response.chunk())
+            .await
+            .expect("a first event")
+            .unwrap()
+            .expect("the stream is open");
+        bytes.extend_from_slice(&chunk);
+    }
+    bytes
+}
+
+fn last_event_json(bytes: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(bytes);
+    let last = text.trim_end().rsplit("\n\n").next().unwrap().to_owned();
+    serde_json::from_str(last.strip_prefix("data: ").unwrap())
+        .unwrap_or_else(|_| panic!("the last event is JSON: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_open_streams_gives_every_reader_an_error_event_leaves_no_lock_and_exits_0() {
+    let redis = RedisServer::spawn().await;
+    // A long stream: one event a second.
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_secs(1),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}'}}\nredis:\n  url: '{}'\n  op_timeout: 2s\nshutdown:\n  drain_timeout: 1s\n",
+        provider.base_url(),
+        redis.url()
+    );
+    let mut corral = crate::shutdown::CorralProcess::start(&yaml, &[]).await;
+    let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ready: Value = client
+            .get(format!("{}/readyz", corral.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ready["redis"]["status"] == "up" && ready["redis"]["subscribed"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never connected: {ready}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let body = streaming("a long stream that is open when the gateway is told to stop");
+    let mut open = Vec::new();
+    for headers in [vec![], vec![], vec![], vec![("cache-control", "no-store")]] {
+        let mut request = client.post(format!("{}{PATH}", corral.url)).json(&body);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let mut response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let so_far = first_event(&mut response).await;
+        open.push((response, so_far));
+    }
+    assert_eq!(
+        provider.calls(),
+        2,
+        "one coalesced stream, one no-store stream"
+    );
+    let dump = redis.dump().await;
+    assert!(
+        dump.iter().any(|(key, _)| key.contains(":lock:")),
+        "the owner holds the lock"
+    );
+
+    corral.signal("TERM");
+    for (response, so_far) in open {
+        let bytes = read_to_clean_end(response, so_far).await;
+        assert!(
+            !bytes.windows(6).any(|w| w == b"[DONE]"),
+            "cut, not completed"
+        );
+        let error = last_event_json(&bytes);
+        assert_eq!(error["error"]["code"], "upstream_stream_broken", "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("shutting down"),
+            "{error}"
+        );
+    }
+    assert_eq!(corral.exit_code().await, Some(0), "{}", corral.logs());
+    let dump = redis.dump().await;
+    assert!(
+        !dump
+            .iter()
+            .any(|(key, _)| key.contains(":lock:") || key.contains(":resp:")),
+        "no lock left, nothing cached: {dump:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_interval_of_the_owner() {
+    let redis = RedisServer::spawn().await;
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(100),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let poll_interval = Duration::from_secs(5);
+    let fleet = crate::harness::Fleet::start_with(provider, 2, |config| {
+        config.coalesce.stream_stall_timeout = Duration::from_secs(120);
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            poll_interval,
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    let body = streaming("the owner finishes; the remote follower must not wait for a stall");
+    let mut owner = fleet.instances[0]
+        .client
+        .post(format!("{}{PATH}", fleet.instances[0].url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let so_far = first_event(&mut owner).await;
+    let follower = {
+        let (client, url, body) = (
+            fleet.instances[1].client.clone(),
+            fleet.instances[1].url.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let response = client
+                .post(format!("{url}{PATH}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let cache = response.headers()["x-corral-cache"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let bytes = read_to_clean_end(response, Vec::new()).await;
+            (cache, bytes, Instant::now())
+        })
+    };
+    let owner_bytes = read_to_clean_end(owner, so_far).await;
+    let owner_done = Instant::now();
+    let (cache, follower_bytes, follower_done) = follower.await.unwrap();
+    let behind = follower_done.saturating_duration_since(owner_done);
+    println!("the remote follower finished {behind:?} after the owner");
+    assert_eq!(cache, "COALESCED");
+    assert_eq!(
+        follower_bytes, owner_bytes,
+        "the whole answer, the owner's events"
+    );
+    assert!(owner_bytes.ends_with(b"data: [DONE]\n\n"));
+    assert!(behind < poll_interval, "{behind:?}");
+    assert_eq!(fleet.provider.calls(), 1);
 }
