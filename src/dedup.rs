@@ -404,9 +404,12 @@ fn shared_response(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Stor
     let headers = SHARED_RESPONSE_HEADERS
         .iter()
         .filter_map(|name| {
-            headers
-                .get(*name)
-                .map(|value| (HeaderName::from_static(name), value.clone()))
+            // A copy, not a clone: a parsed header value is a slice of the whole
+            // buffer the response head was read into (kilobytes), and a cached
+            // entry holding the slice would pin that buffer for its lifetime.
+            let value = headers.get(*name)?;
+            let owned = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+            Some((HeaderName::from_static(name), owned))
         })
         .collect();
     StoredResponse {
