@@ -611,3 +611,65 @@ async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_inter
     assert!(behind < poll_interval, "{behind:?}");
     assert_eq!(fleet.provider.calls(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_streaming_follower_whose_owner_dies_mid_stream_ends_long_before_the_stall_timeout()
+ {
+    let redis = RedisServer::spawn().await;
+    // A long stream: one event every 300 ms.
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(300),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let stall = Duration::from_secs(120);
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}'}}\nredis:\n  url: '{}'\n  op_timeout: 2s\n  lock_ttl: 1s\n",
+        provider.base_url(),
+        redis.url()
+    );
+    let mut owner = crate::shutdown::CorralProcess::start(&yaml, &[]).await;
+    let follower_gateway = TestGateway::start_with(provider.clone(), |config| {
+        config.coalesce.stream_stall_timeout = stall;
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            lock_ttl: Duration::from_secs(1),
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    follower_gateway.wait_connected().await;
+    let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let body = streaming("the owner of this stream is killed while it streams it");
+    // The owner process must hold the lock before the follower asks: wait for
+    // its first event.
+    let mut owned = client
+        .post(format!("{}{PATH}", owner.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    first_event(&mut owned).await;
+    let mut followed = client
+        .post(format!("{}{PATH}", follower_gateway.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(followed.headers()["x-corral-cache"], "COALESCED");
+    let so_far = first_event(&mut followed).await;
+    owner.child.kill().await.expect("SIGKILL the owner");
+    let killed_at = Instant::now();
+    let bytes = read_to_clean_end(followed, so_far).await;
+    let elapsed = killed_at.elapsed();
+    println!("the remote follower's stream ended {elapsed:?} after the owner died");
+    assert!(!bytes.windows(6).any(|w| w == b"[DONE]"));
+    assert_eq!(
+        last_event_json(&bytes)["error"]["code"],
+        "upstream_stream_broken"
+    );
+    // Lock TTL + one poll + the relay's 1 s grace, not the 120 s stall timeout.
+    assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+}
