@@ -7,7 +7,7 @@
 
 use std::{path::Path, process::Stdio, time::Duration};
 
-use corral::{auth::key_hash, config::Secret, upstream::breaker::CircuitState};
+use corral::{auth::key_hash, config::Secret, upstream::breaker::BreakerState};
 use mock_upstream::{FailureMode, MockProvider, MockSettings, Scripted};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -290,7 +290,7 @@ async fn one_tenants_key_errors_never_open_the_circuit_for_another() {
             .await;
         assert_eq!(reply.status.as_u16(), *status, "call {i}");
     }
-    assert_eq!(gateway.state.upstream.circuit(0), CircuitState::Closed);
+    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
     let b = gateway
         .post_with(
             "/v1/chat/completions",
@@ -308,7 +308,7 @@ async fn one_tenants_key_errors_never_open_the_circuit_for_another() {
             .post("/v1/chat/completions", &chat(&format!("provider down {i}")))
             .await;
     }
-    assert_eq!(gateway.state.upstream.circuit(0), CircuitState::Open);
+    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Open);
 }
 
 #[tokio::test]
@@ -532,7 +532,7 @@ async fn an_instances_open_circuit_is_not_recorded_for_the_cluster() {
         .post("/v1/chat/completions", &chat("opens a's circuit"))
         .await;
     assert_eq!(opened.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(a.state.upstream.circuit(0), CircuitState::Open);
+    assert_eq!(a.state.upstream.circuit(0), BreakerState::Open);
     let body = chat("asked on a, then on b");
     let refused = a.post("/v1/chat/completions", &body).await;
     assert_eq!(refused.json()["error"]["code"], "upstream_circuit_open");
