@@ -11,8 +11,6 @@
 //!   Then exactly one probe goes through (half-open): success closes it,
 //!   failure reopens it. A probe that never reports (its task was cancelled)
 //!   frees its slot for the next caller, so the breaker cannot stick half-open.
-//!   Which outcomes count as failures is decided in one place,
-//!   [`is_upstream_failure`].
 //! - **Retry budget**: over a sliding 10 s window, retries may be at most
 //!   `retry.budget_ratio` x first attempts plus `retry.budget_min_per_sec` x
 //!   10; beyond it, a failed attempt is final. A sick provider sees at most

@@ -40,7 +40,7 @@ fn streaming(content: &str) -> Value {
 }
 
 /// A provider (OpenAI's wire format) for what the shipped mock does not do:
-/// one large stream, sent only once released, and a `GET /v1/models` whose
+/// one large stream, sent only once released, and a `GET /v1/files` whose
 /// body goes silent after its first chunk.
 struct BigUpstream {
     base_url: String,
@@ -68,7 +68,7 @@ impl BigUpstream {
         };
         let app = Router::new()
             .route("/v1/chat/completions", routing::post(big_stream))
-            .route("/v1/models", routing::get(silent_body))
+            .route("/v1/files", routing::get(silent_body))
             .with_state(shared);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -294,7 +294,7 @@ async fn a_silent_no_store_stream_and_a_silent_passthrough_body_end_within_the_s
         "ended near the 1 s stall timeout, not the provider's 60 s: {elapsed:?}"
     );
 
-    // A pass-through body (here `GET /v1/models`) that goes silent mid-body.
+    // A pass-through body (here `GET /v1/files`) that goes silent mid-body.
     let upstream = BigUpstream::start(1, 1).await;
     let base_url = upstream.base_url.clone();
     let provider = MockProvider::start(MockSettings::default()).await.unwrap();
@@ -306,7 +306,7 @@ async fn a_silent_no_store_stream_and_a_silent_passthrough_body_end_within_the_s
     let started = Instant::now();
     let response = proxy
         .client
-        .get(format!("{}/v1/models", proxy.url))
+        .get(format!("{}/v1/files", proxy.url))
         .send()
         .await
         .unwrap();
