@@ -13,45 +13,14 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fmt,
     sync::Arc,
 };
 
 use axum::http::{HeaderMap, header};
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
 
-use crate::{config::Config, error::GatewayError, fingerprint::TenantScope};
+use crate::{config::Config, error::GatewayError, tenant::TenantScope};
 
-/// The server secret tenant scopes are keyed with.
-#[derive(Clone)]
-pub struct TenantKey(Hmac<Sha256>);
-
-impl TenantKey {
-    pub fn new(secret: &[u8]) -> Self {
-        // HMAC takes a key of any length; this cannot fail.
-        Self(Hmac::new_from_slice(secret).expect("HMAC accepts any key length"))
-    }
-
-    /// HMAC-SHA-256(secret, domain || credential).
-    pub fn mac(&self, credential: &[u8]) -> [u8; 32] {
-        let mut mac = self.0.clone();
-        mac.update(b"corral-tenant-v2\0");
-        mac.update(credential);
-        mac.finalize().into_bytes().into()
-    }
-}
-
-impl fmt::Debug for TenantKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TenantKey([redacted])")
-    }
-}
-
-/// SHA-256 of a gateway key, the form `auth.keys` holds.
-pub fn key_hash(key: &[u8]) -> [u8; 32] {
-    Sha256::digest(key).into()
-}
+pub use crate::tenant::{TenantKey, key_hash};
 
 /// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else the whole value.
 pub fn bearer_token(value: &[u8]) -> &[u8] {

@@ -4,6 +4,8 @@
 //! The environment is passed in as a list of pairs rather than read from the
 //! process, so tests never touch (or race on) the process environment.
 
+pub use crate::passthrough::PassthroughConfig;
+pub use crate::pricing::ModelPrice;
 use std::{collections::BTreeMap, fmt, net::SocketAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
@@ -102,18 +104,6 @@ pub struct Config {
     /// say): ignored, each logged once as a warning by the binary.
     #[serde(skip)]
     pub ignored_env: Vec<String>,
-}
-
-/// Which `/v1/*` endpoints outside the deduplicated ones are proxied
-/// (`passthrough.rs`). Each rule is `METHOD /v1/path-glob` or `/v1/path-glob`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PassthroughConfig {
-    /// Passed even when corral sends its own provider key (then only
-    /// stateless endpoints pass by default).
-    pub allow: Vec<String>,
-    /// Never passed; wins over `allow` and the defaults.
-    pub deny: Vec<String>,
 }
 
 /// The shared L2 cache, cluster-wide owner lock and completion announcements.
@@ -563,25 +553,6 @@ impl Default for LedgerConfig {
     }
 }
 
-/// USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelPrice {
-    /// Prompt (input) tokens.
-    pub input: f64,
-    /// Completion (output) tokens; embeddings have none.
-    #[serde(default)]
-    pub output: f64,
-    /// Prompt tokens read from the provider's own prompt cache (OpenAI
-    /// `cached_tokens`, Anthropic `cache_read_input_tokens`). Absent: billed as input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input: Option<f64>,
-    /// Prompt tokens written into the provider's prompt cache (Anthropic
-    /// `cache_creation_input_tokens`). Absent: billed as input.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_write: Option<f64>,
-}
-
 /// `pricing.models` in the order written: the order decides among globs, so a
 /// plain map (which sorts or hashes its keys) would not do.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -744,7 +715,8 @@ impl Config {
         if let Some(var) = &auth.keys_env {
             let keys = required(var, "auth.keys_env")?;
             for key in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
-                auth.key_hashes.push(crate::auth::key_hash(key.as_bytes()));
+                auth.key_hashes
+                    .push(crate::tenant::key_hash(key.as_bytes()));
             }
             if auth.key_hashes.is_empty() {
                 return Err(ConfigError::Env {
@@ -1390,7 +1362,7 @@ mod tests {
         );
         assert_eq!(config.upstreams[0].max_concurrency, Some(8));
         assert_eq!(config.auth.key_hashes.len(), 3);
-        assert_eq!(config.auth.key_hashes[1], crate::auth::key_hash(b"gw-1"));
+        assert_eq!(config.auth.key_hashes[1], crate::tenant::key_hash(b"gw-1"));
         assert!(config.auth.tenant_secret.is_some());
         assert_eq!(
             config

@@ -5,12 +5,12 @@
 //! output (the body's semantic fields, the endpoint, the upstream, the headers
 //! and query parameters providers read) and the tenant scope, and nothing else.
 
-use std::{fmt, sync::Arc};
+use std::fmt;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::auth::TenantKey;
+pub use crate::tenant::TenantScope;
 
 /// Bumped whenever the canonical form changes, so old keys can never alias new ones.
 const KEY_VERSION: &[u8] = b"corral-key-v1";
@@ -40,64 +40,6 @@ impl Endpoint {
             Self::Completions => "completions",
             Self::Embeddings => "embeddings",
         }
-    }
-}
-
-/// Whose cache an entry belongs to: a hash of the caller's credential, or the
-/// one shared scope. Never the credential itself.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct TenantScope(Arc<str>);
-
-impl TenantScope {
-    pub const GLOBAL: &'static str = "global";
-
-    /// Scope of a caller identified by `credential` (its bearer token, as raw
-    /// bytes so a non-ASCII token is still its own tenant); callers without one
-    /// share the anonymous scope.
-    ///
-    /// With the server's [`TenantKey`] the scope is an HMAC of the credential
-    /// (`k…`): unlinkable to the key without the secret. Without one it is the
-    /// salted SHA-256 of earlier versions (`t…`, the pinned golden
-    /// fingerprints), which anyone holding a guessed key can recompute.
-    pub fn of_credential(key: Option<&TenantKey>, credential: Option<&[u8]>) -> Self {
-        match (key, credential) {
-            (Some(key), Some(token)) => Self::tagged(b'k', &key.mac(token)),
-            (None, Some(token)) => {
-                let digest = Sha256::new()
-                    .chain_update(b"corral-tenant-v1\0")
-                    .chain_update(token)
-                    .finalize();
-                Self::tagged(b't', &digest)
-            }
-            (_, None) => Self("anonymous".into()),
-        }
-    }
-
-    /// `tag` and the first 16 bytes of `digest` in hex (every request pays for it).
-    fn tagged(tag: u8, digest: &[u8]) -> Self {
-        let mut text = [0u8; 33];
-        text[0] = tag;
-        hex::encode_to_slice(&digest[..16], &mut text[1..]).expect("32 hex digits for 16 bytes");
-        Self(String::from_utf8_lossy(&text).into())
-    }
-
-    pub fn global() -> Self {
-        Self(Self::GLOBAL.into())
-    }
-
-    /// Rebuilds a scope read back from storage (a Redis entry's header).
-    pub fn from_stored(text: &str) -> Self {
-        Self(text.into())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for TenantScope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TenantScope({})", self.0)
     }
 }
 

@@ -21,7 +21,9 @@
 use axum::http::Method;
 use glob::Pattern;
 
-use crate::{config::PassthroughConfig, error::GatewayError};
+use serde::{Deserialize, Serialize};
+
+use crate::error::GatewayError;
 
 /// What passes by default when corral injects its own provider key: no
 /// endpoint here keeps state on the provider's side between calls.
@@ -88,6 +90,18 @@ fn check_segment(segment: &str) -> Result<(), &'static str> {
         }
     }
     Ok(())
+}
+
+/// Which `/v1/*` endpoints outside the deduplicated ones are proxied
+/// (this module). Each rule is `METHOD /v1/path-glob` or `/v1/path-glob`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PassthroughConfig {
+    /// Passed even when corral sends its own provider key (then only
+    /// stateless endpoints pass by default).
+    pub allow: Vec<String>,
+    /// Never passed; wins over `allow` and the defaults.
+    pub deny: Vec<String>,
 }
 
 /// `METHOD /path-glob` or `/path-glob` (any method); `*` as the method is any too.

@@ -20,10 +20,26 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::ModelPrice,
-    usage::{TokenKind, Usage},
-};
+use crate::usage::{TokenKind, Usage};
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrice {
+    /// Prompt (input) tokens.
+    pub input: f64,
+    /// Completion (output) tokens; embeddings have none.
+    #[serde(default)]
+    pub output: f64,
+    /// Prompt tokens read from the provider's own prompt cache (OpenAI
+    /// `cached_tokens`, Anthropic `cache_read_input_tokens`). Absent: billed as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+    /// Prompt tokens written into the provider's prompt cache (Anthropic
+    /// `cache_creation_input_tokens`). Absent: billed as input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
 
 /// Picodollars per dollar.
 const PICOS_PER_USD: u128 = 1_000_000_000_000;

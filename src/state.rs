@@ -10,8 +10,9 @@ use tokio_util::{
 
 use crate::{
     auth::Auth,
-    cache::{CacheStore, MemoryStore, TieredStore, TtlPolicy},
+    cache::{CacheStore, MemoryStore, TtlPolicy},
     clock::{Clock, SystemClock},
+    cluster::TieredStore,
     cluster::{Cluster, RedisLedger},
     coalesce::{Coalescer, FlightContext},
     config::Config,

@@ -4,7 +4,6 @@
 pub mod codec;
 mod freshness;
 mod memory;
-mod tiered;
 
 use std::{sync::Arc, time::Duration};
 
@@ -14,7 +13,6 @@ use bytes::Bytes;
 
 pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::{ENTRY_OVERHEAD_BYTES, MemoryStore, entry_weight};
-pub use tiered::TieredStore;
 
 use crate::fingerprint::CacheKey;
 pub use crate::usage::Usage;

@@ -10,6 +10,7 @@
 mod announce;
 mod connection;
 mod ledger;
+mod tiered;
 
 use std::{
     collections::HashMap,
@@ -33,6 +34,7 @@ pub use announce::Interest;
 use announce::{Dispatch, run_subscriber};
 use connection::LazyConn;
 pub use ledger::{RedisLedger, ledger_key};
+pub use tiered::TieredStore;
 
 use bytes::Bytes;
 use redis::streams::StreamReadReply;
@@ -44,7 +46,6 @@ use crate::{
         codec::{self, FlightRecord},
     },
     clock::SystemClock,
-    coalesce::StreamPublisher,
     config::RedisConfig,
     crypto::Sealer,
     fingerprint::{CacheKey, Fingerprint},
@@ -617,7 +618,11 @@ impl Cluster {
     /// A mirror for the cluster owner's flight: every event of the published
     /// log is appended to a Redis Stream (bounded, expiring), then an end
     /// marker, so followers elsewhere relay the stream live.
-    pub fn mirror(self: &Arc<Self>, key: &CacheKey, token: &str) -> crate::coalesce::Mirror {
+    pub fn mirror(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        token: &str,
+    ) -> Arc<dyn Fn(StreamLog) + Send + Sync> {
         let cluster = self.clone();
         let name = self.keys.events(key, token);
         Arc::new(move |log: StreamLog| {
@@ -692,7 +697,7 @@ impl Cluster {
         &self,
         key: &CacheKey,
         token: &str,
-        publisher: &StreamPublisher,
+        publish: impl Fn(StreamLog),
         limits: crate::sse::LogLimits,
         stall_timeout: Duration,
         settled: CancellationToken,
@@ -749,7 +754,7 @@ impl Cluster {
                 };
                 let writer_ref = writer.get_or_insert_with(|| {
                     let (log, writer) = StreamLog::with_limits(limits.clone());
-                    publisher.publish_remote(log);
+                    publish(log);
                     writer
                 });
                 match field.as_str() {

@@ -70,7 +70,14 @@ pub(super) async fn cluster_flight(
                         (context.stream_limits.clone(), context.stream_stall_timeout);
                     tokio::spawn(async move {
                         cluster
-                            .relay_events(&key, &token, &publisher, limits, stall, settled)
+                            .relay_events(
+                                &key,
+                                &token,
+                                |log| publisher.publish_remote(log),
+                                limits,
+                                stall,
+                                settled,
+                            )
                             .await;
                     })
                 });

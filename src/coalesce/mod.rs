@@ -15,6 +15,7 @@ pub use flight::{
     FlightGuard, Flights, LiveLog, Mirror, Outcome, Role, StreamPublisher, Waited, WaiterTicket,
 };
 
+pub use crate::cache_status::CacheStatus;
 use crate::{
     cache::{
         CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, entry_weight, should_refresh_early,
@@ -68,28 +69,6 @@ pub enum Source {
     Cache,
     /// Another instance's flight, through Redis.
     OtherInstance,
-}
-
-/// How a caller was served; becomes `x-corral-cache` and `Cache-Status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheStatus {
-    Hit,
-    Stale,
-    Miss,
-    Coalesced,
-    Bypass,
-}
-
-impl CacheStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Hit => "HIT",
-            Self::Stale => "STALE",
-            Self::Miss => "MISS",
-            Self::Coalesced => "COALESCED",
-            Self::Bypass => "BYPASS",
-        }
-    }
 }
 
 /// What a caller gets: a complete response, or (for a streaming caller

@@ -53,7 +53,7 @@ pub use stats::{
 
 use crate::{
     cache::CacheUsage,
-    coalesce::CacheStatus,
+    cache_status::CacheStatus,
     config::Config,
     ledger::{Account, AnswerAmounts, AnswerKey, Books, Side},
     pricing::{PicoUsd, Snapshot},

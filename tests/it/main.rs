@@ -16,6 +16,7 @@ mod edges;
 mod fuzz_corpora;
 mod logs;
 mod metrics;
+mod module_graph;
 mod pricing;
 mod protection;
 mod retry;

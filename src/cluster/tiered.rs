@@ -6,8 +6,12 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 
-use super::{CacheStore, CacheUsage, Entry, Freshness, MemoryStore};
-use crate::{clock::Clock, cluster::Cluster, fingerprint::CacheKey};
+use super::Cluster;
+use crate::{
+    cache::{CacheStore, CacheUsage, Entry, Freshness, MemoryStore},
+    clock::Clock,
+    fingerprint::CacheKey,
+};
 
 #[derive(Debug)]
 pub struct TieredStore {

@@ -1,0 +1,155 @@
+//! The gateway's top-level modules depend on each other one way only: this
+//! reads `src/` as text, builds the graph of `crate::<module>` references
+//! between top-level modules (ARCHITECTURE.md draws it), and fails on any
+//! cycle, naming its edges. Vocabulary types live in leaf modules so that a
+//! new feature has somewhere to import them from without closing a loop.
+//! Tests inside a module (from its `#[cfg(test)]` on) are not counted.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+/// Top-level module of a file under `src/` (`cache/tiered.rs` -> `cache`).
+fn module_of(relative: &Path) -> Option<String> {
+    let first = relative.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main")).then(|| name.to_owned())
+}
+
+/// The first path segments named after `crate::` at the start of `text`:
+/// `cache::Entry` -> [cache]; `{cache::Entry, clock::{Clock, X}}` -> [cache, clock].
+fn first_segments(text: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = text.strip_prefix('{') else {
+        return vec![ident(text)];
+    };
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut item = String::new();
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                names.push(ident(&item));
+                item.clear();
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    names.push(ident(&item));
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/ is readable") {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let Some(module) = module_of(file.strip_prefix(src).unwrap()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).unwrap();
+        // A module's tests (its trailing `#[cfg(test)]` part) may reach
+        // anywhere: they are not part of the product's dependency graph.
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = text
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let targets = edges.entry(module.clone()).or_default();
+        for (at, _) in code.match_indices("crate::") {
+            for name in first_segments(&code[at + "crate::".len()..]) {
+                if name != module {
+                    targets.insert(name);
+                }
+            }
+        }
+    }
+    let modules: BTreeSet<String> = edges.keys().cloned().collect();
+    for targets in edges.values_mut() {
+        targets.retain(|t| modules.contains(t));
+    }
+    edges
+}
+
+/// Every edge that lies on a cycle (both ends reach each other).
+fn cyclic_edges(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let reaches = |from: &str, to: &str| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.to_owned()];
+        while let Some(at) = stack.pop() {
+            if at == to {
+                return true;
+            }
+            if seen.insert(at.clone()) {
+                stack.extend(edges.get(&at).into_iter().flatten().cloned());
+            }
+        }
+        false
+    };
+    edges
+        .iter()
+        .flat_map(|(from, targets)| targets.iter().map(move |to| (from.clone(), to.clone())))
+        .filter(|(from, to)| reaches(to, from))
+        .collect()
+}
+
+#[test]
+fn the_reader_finds_first_segments() {
+    assert_eq!(first_segments("cache::Entry;"), ["cache"]);
+    assert_eq!(
+        first_segments("{cache::{Entry, X}, clock::Clock, error::GatewayError};"),
+        ["cache", "clock", "error"]
+    );
+    let mut with_cycle = BTreeMap::new();
+    with_cycle.insert("a".to_owned(), BTreeSet::from(["b".to_owned()]));
+    with_cycle.insert("b".to_owned(), BTreeSet::from(["a".to_owned()]));
+    with_cycle.insert("c".to_owned(), BTreeSet::from(["a".to_owned()]));
+    assert_eq!(
+        cyclic_edges(&with_cycle),
+        [("a".into(), "b".into()), ("b".into(), "a".into())]
+    );
+}
+
+#[test]
+fn the_gateways_modules_have_no_cycle() {
+    let edges = graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let drawn: String = edges
+        .iter()
+        .map(|(from, to)| {
+            format!(
+                "{from} -> {}\n",
+                to.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect();
+    println!("{drawn}");
+    assert!(edges.len() > 10, "the reader found the modules:\n{drawn}");
+    let cycles = cyclic_edges(&edges);
+    assert!(
+        cycles.is_empty(),
+        "module edges on a cycle: {cycles:?}\nthe graph:\n{drawn}"
+    );
+}
