@@ -119,6 +119,7 @@ impl Auth {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+    use sha2::{Digest as _, Sha256};
 
     fn headers(authorization: Option<&str>) -> HeaderMap {
         let mut headers = HeaderMap::new();
