@@ -371,6 +371,10 @@ pub struct LimitsConfig {
     pub max_json_depth: usize,
     /// Most `messages` in one chat request (400 beyond).
     pub max_messages: usize,
+    /// Most inputs in one embeddings request (400 beyond; OpenAI's own limit).
+    pub max_embedding_inputs: usize,
+    /// Largest single embeddings input, in bytes of its canonical JSON (400 beyond).
+    pub max_embedding_input_bytes: usize,
     /// Per-tenant request rate, per instance (429 + Retry-After beyond).
     pub per_tenant: Option<RateConfig>,
     /// `/v1/*` requests served at once, waiters included (503 + Retry-After beyond).
@@ -384,6 +388,8 @@ impl Default for LimitsConfig {
             max_response_bytes: 32 * 1024 * 1024,
             max_json_depth: 64,
             max_messages: 2048,
+            max_embedding_inputs: 2048,
+            max_embedding_input_bytes: 256 * 1024,
             per_tenant: None,
             max_concurrent_requests: None,
         }
@@ -776,6 +782,12 @@ impl Config {
             return Err(ConfigError::key(
                 "limits.max_messages",
                 "must be at least 1",
+            ));
+        }
+        if self.limits.max_embedding_inputs == 0 || self.limits.max_embedding_input_bytes == 0 {
+            return Err(ConfigError::key(
+                "limits.max_embedding_inputs",
+                "max_embedding_inputs and max_embedding_input_bytes must be at least 1",
             ));
         }
         for (i, upstream) in self.upstreams.iter().enumerate() {

@@ -83,6 +83,9 @@ pub async fn serve(
         );
         return Ok(response);
     }
+    if endpoint == Endpoint::Embeddings {
+        return crate::embeddings::serve(app, request, outbound, bill).await;
+    }
     let key = CacheKey {
         scope: request.scope.clone(),
         fingerprint,
@@ -429,7 +432,7 @@ fn response_from(shared: &StoredResponse) -> Response {
 }
 
 /// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
-fn set_status_headers(
+pub(crate) fn set_status_headers(
     headers: &mut HeaderMap,
     request: &DedupRequest,
     status: CacheStatus,
@@ -464,7 +467,7 @@ fn set_status_headers(
     }
 }
 
-fn header_value(text: &str) -> HeaderValue {
+pub(crate) fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 

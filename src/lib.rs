@@ -12,6 +12,7 @@ pub mod coalesce;
 pub mod config;
 pub mod crypto;
 pub mod dedup;
+pub mod embeddings;
 pub mod error;
 pub mod fingerprint;
 pub mod ledger;

@@ -114,6 +114,12 @@ pub struct DedupRequest {
     pub policy: CachePolicy,
     /// temperature 0 or a seed: the same request deserves the same answer.
     pub deterministic: bool,
+    /// The parsed body (embeddings key each of its inputs).
+    pub body: Map<String, Value>,
+    /// The keyed headers and sorted query pairs the fingerprint holds, for
+    /// keys derived from this request (an embeddings batch's items).
+    pub keyed_headers: Vec<(String, String)>,
+    pub query_pairs: Vec<(String, String)>,
 }
 
 impl DedupRequest {
@@ -218,6 +224,9 @@ impl DedupRequest {
             query: query.filter(|q| !q.is_empty()).map(str::to_owned),
             policy,
             deterministic,
+            body,
+            keyed_headers,
+            query_pairs,
         })
     }
 }

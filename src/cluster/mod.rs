@@ -22,7 +22,7 @@ use std::{
 };
 
 use futures::{
-    FutureExt as _,
+    FutureExt as _, StreamExt as _,
     future::{BoxFuture, Shared},
 };
 use rand::Rng;
@@ -548,6 +548,51 @@ impl Cluster {
                     tracing::warn!("lost the owner lease while the upstream call ran");
                     // Nothing left to extend; the work itself goes on.
                     std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            output = work => output,
+            never = keep_alive => never,
+        }
+    }
+
+    /// As [`holding`](Self::holding), for the many leases of a batch flight
+    /// (one per item): every third of the lock TTL, each lease still ours is
+    /// extended, a few at a time.
+    pub async fn holding_all<T>(
+        self: &Arc<Self>,
+        leases: &[Lease],
+        work: impl Future<Output = T>,
+    ) -> T {
+        if leases.is_empty() {
+            return work.await;
+        }
+        let period = self.config.lock_ttl / 3;
+        let leases: Vec<Lease> = leases.to_vec();
+        let keep_alive = async {
+            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+            let mut held: Vec<Lease> = leases;
+            loop {
+                ticks.tick().await;
+                let extended: Vec<(Lease, Result<bool, Unavailable>)> =
+                    futures::stream::iter(std::mem::take(&mut held))
+                        .map(|lease| {
+                            let cluster = self.clone();
+                            async move {
+                                let extended = cluster.extend(&lease).await;
+                                (lease, extended)
+                            }
+                        })
+                        .buffer_unordered(32)
+                        .collect()
+                        .await;
+                for (lease, result) in extended {
+                    if let Ok(false) = result {
+                        tracing::warn!("lost an item's owner lease while the upstream call ran");
+                    } else {
+                        held.push(lease);
+                    }
                 }
             }
         };

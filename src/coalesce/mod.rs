@@ -2,6 +2,7 @@
 //! that decides whether a caller is answered from the cache, shares another
 //! caller's upstream call, or makes its own.
 
+mod batch;
 mod cluster;
 mod flight;
 
@@ -11,6 +12,7 @@ use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+pub use batch::{BatchLoader, Billed, ItemServed, ItemsLoaded, ItemsServed};
 pub use flight::{
     FlightGuard, Flights, LiveLog, Mirror, Outcome, Role, StreamPublisher, Waited, WaiterTicket,
 };

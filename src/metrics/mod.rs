@@ -187,6 +187,7 @@ struct Inner {
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
     gen_ai_tokens: HistogramFamily<GenAiLabels>,
+    embedding_inputs: Family<SavedLabels, Counter>,
     in_flight: Gauge,
     waiters: Gauge,
     cache_entries: Gauge,
@@ -247,6 +248,12 @@ impl Metrics {
             "gen_ai_client_token_usage",
             "OpenTelemetry GenAI gen_ai.client.token.usage: tokens per upstream answer, by gen_ai.token.type (input includes cached input, output includes reasoning)",
             gen_ai_tokens.clone(),
+        );
+        let embedding_inputs = Family::<SavedLabels, Counter>::default();
+        registry.register(
+            "corral_embedding_inputs",
+            "Embeddings inputs served, by how (hit, stale, coalesced: saved; miss: sent upstream)",
+            embedding_inputs.clone(),
         );
         let in_flight = Gauge::default();
         registry.register(
@@ -319,6 +326,7 @@ impl Metrics {
                 upstream_retries,
                 upstream_duration,
                 gen_ai_tokens,
+                embedding_inputs,
                 in_flight,
                 waiters,
                 cache_entries,
@@ -442,6 +450,27 @@ impl Metrics {
             CacheStatus::Miss | CacheStatus::Bypass => return,
         };
         self.add_usage(who, Side::Saved, Some(via), usage);
+    }
+
+    /// `count` inputs of embeddings batches served as `status`. Their saved
+    /// tokens go through [`served`](Self::served), one input at a time.
+    pub fn embedding_inputs(&self, model: &ModelLabel, status: CacheStatus, count: u64) {
+        let via = match status {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Stale => "stale",
+            CacheStatus::Coalesced => "coalesced",
+            CacheStatus::Miss | CacheStatus::Bypass => "miss",
+        };
+        if count == 0 {
+            return;
+        }
+        self.inner
+            .embedding_inputs
+            .get_or_create(&SavedLabels {
+                model: model.shared_name(),
+                via,
+            })
+            .inc_by(count);
     }
 
     /// A Redis operation failed or timed out.

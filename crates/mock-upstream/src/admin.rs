@@ -43,7 +43,8 @@ struct CallsQuery {
     timeout_ms: Option<u64>,
 }
 
-/// `GET /__mock/calls[?wait_for=N&timeout_ms=M]`: the counters, after waiting (woken by
+/// `GET /__mock/calls[?wait_for=N&timeout_ms=M]`: the counters (calls, by path, embeddings
+/// inputs embedded), after waiting (woken by
 /// arrivals, not polling) until at least N calls arrived or M ms passed. `reached` tells which.
 async fn calls(State(shared): State<Arc<Shared>>, Query(query): Query<CallsQuery>) -> Response {
     let reached = match query.wait_for {
@@ -54,7 +55,13 @@ async fn calls(State(shared): State<Arc<Shared>>, Query(query): Query<CallsQuery
         None => true,
     };
     let by_path: BTreeMap<String, u64> = shared.by_path();
-    Json(json!({"calls": shared.calls(), "by_path": by_path, "reached": reached})).into_response()
+    Json(json!({
+        "calls": shared.calls(),
+        "by_path": by_path,
+        "embedded_inputs": shared.embedded_inputs(),
+        "reached": reached,
+    }))
+    .into_response()
 }
 
 async fn reset(State(shared): State<Arc<Shared>>) -> StatusCode {

@@ -160,6 +160,9 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                     Endpoint::Embeddings => openai::embeddings(&body),
                     Endpoint::AudioTranscriptions => Ok(openai::transcription(&body)),
                 };
+                if let (Endpoint::Embeddings, Ok(_)) = (endpoint, &answer) {
+                    shared.embedded(openai::embedding_inputs(&body));
+                }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
                     Ok(Answer::Stream(events)) => sse_response(

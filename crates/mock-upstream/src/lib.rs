@@ -263,6 +263,17 @@ impl MockProvider {
         self.inner.shared.set_truncate_streams(on);
     }
 
+    /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call: a
+    /// batch of five inputs counts five.
+    pub fn embedded_inputs(&self) -> u64 {
+        self.inner.shared.embedded_inputs()
+    }
+
+    /// How many times each input was embedded (text, or the canonical JSON of token ids).
+    pub fn embedded_counts(&self) -> BTreeMap<String, u64> {
+        lock(&self.inner.shared.ledger).embedded.clone()
+    }
+
     /// Every billable request received since start or the last reset, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.inner.shared.ledger).requests.clone()
@@ -303,6 +314,8 @@ struct Shared {
 #[derive(Default)]
 struct Ledger {
     by_path: BTreeMap<String, u64>,
+    /// How many times each embeddings input was embedded (answered successfully).
+    embedded: BTreeMap<String, u64>,
     requests: Vec<RecordedRequest>,
     scripts: VecDeque<Scripted>,
 }
@@ -351,6 +364,18 @@ impl Shared {
             .filter(|(path, _)| path.ends_with(path_suffix))
             .map(|(_, n)| n)
             .sum()
+    }
+
+    fn embedded_inputs(&self) -> u64 {
+        lock(&self.ledger).embedded.values().sum()
+    }
+
+    /// Counts the inputs a successful embeddings call embedded.
+    fn embedded(&self, inputs: Vec<String>) {
+        let mut ledger = lock(&self.ledger);
+        for input in inputs {
+            *ledger.embedded.entry(input).or_default() += 1;
+        }
     }
 
     fn by_path(&self) -> BTreeMap<String, u64> {

@@ -260,23 +260,52 @@ pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
         .iter()
         .enumerate()
         .map(|(index, input)| {
-            let vector = embedding_vector(input, dimensions);
+            let vector = embedding_vector(&model, input, dimensions);
             let embedding = if base64 {
                 let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
                 Value::String(base64_encode(&bytes))
             } else {
-                json!(vector)
+                // As OpenAI prints them: each f32 as the f64 it is exactly, so a
+                // float caller parses what a base64 caller decodes.
+                json!(vector.iter().map(|v| f64::from(*v)).collect::<Vec<f64>>())
             };
             json!({"object": "embedding", "index": index, "embedding": embedding})
         })
         .collect();
-    let tokens = approx_tokens(inputs.iter().map(|i| i.chars().count()).sum());
+    // Billed per input: token ids count as themselves, text by its length.
+    let tokens: u64 = match request.get("input") {
+        Some(Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_number) => {
+            list.len() as u64
+        }
+        Some(Value::Array(list)) => list.iter().map(input_tokens).sum(),
+        Some(input) => input_tokens(input),
+        None => 0,
+    };
     Ok(Answer::Json(json!({
         "object": "list",
         "data": data,
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     })))
+}
+
+/// What one embeddings input is billed: its token ids, or its text's approximate tokens.
+fn input_tokens(input: &Value) -> u64 {
+    match input {
+        Value::Array(tokens) => tokens.len() as u64,
+        Value::String(text) => approx_tokens(text.chars().count()),
+        other => approx_tokens(canonical_json(other).chars().count()),
+    }
+}
+
+/// The inputs an embeddings request asks for, as the mock keys them (text, or
+/// canonical JSON of token ids): what a successful call embedded.
+pub(super) fn embedding_inputs(body: &[u8]) -> Vec<String> {
+    parse_object(body)
+        .ok()
+        .and_then(|request| request.get("input").cloned())
+        .and_then(|input| strings_or_list(&input, "input").ok())
+        .unwrap_or_default()
 }
 
 /// `GET /v1/models`: `listed`, or the default models.
@@ -514,28 +543,26 @@ fn short_digest(text: &str) -> String {
     digest
 }
 
-/// `dimensions` values in `[-1, 1)`: the bytes of SHA-256(input), then of
-/// SHA-256(block number ‖ input) for each further 32 values, read as `i8 / 128`.
+/// `dimensions` values in `[-1, 1)`, a function of the model and the input: four bytes of
+/// SHA-256(model ‖ 0 ‖ block number ‖ input) per value, read as a 24-bit fraction.
 ///
-/// Multiples of 1/128 are exact in both f32 and decimal, so the JSON stays short and a value
-/// survives a round trip through any client unchanged.
-pub(super) fn embedding_vector(input: &str, dimensions: usize) -> Vec<f32> {
+/// Each value is exact in f32 but not a short decimal, so an encoding that loses precision
+/// (printing the f32's shortest form, say) shows up as a different float in a client.
+pub(super) fn embedding_vector(model: &str, input: &str, dimensions: usize) -> Vec<f32> {
     let mut vector = Vec::with_capacity(dimensions);
     let mut block: u32 = 0;
     while vector.len() < dimensions {
         let mut hasher = Sha256::new();
-        if block > 0 {
-            hasher.update(block.to_be_bytes());
-        }
+        hasher.update(model.as_bytes());
+        hasher.update([0]);
+        hasher.update(block.to_be_bytes());
         hasher.update(input.as_bytes());
         let remaining = dimensions - vector.len();
-        vector.extend(
-            hasher
-                .finalize()
-                .iter()
-                .take(remaining)
-                .map(|byte| f32::from(i8::from_ne_bytes([*byte])) / 128.0),
-        );
+        vector.extend(hasher.finalize().chunks_exact(4).take(remaining).map(|four| {
+            let bits = u32::from_be_bytes([four[0], four[1], four[2], four[3]]) >> 8;
+            // A 24-bit integer over 2^23, minus one: exact in f32.
+            (bits as f32) / 8_388_608.0 - 1.0
+        }));
         block = block.wrapping_add(1);
     }
     vector

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 
 use super::openai::{canonical_json, embedding_vector, word_pieces};
 use super::{FailureMode, MockProvider, MockSettings, Scripted};
@@ -478,7 +479,7 @@ async fn embeddings_are_deterministic_per_input() {
     let (_, many) = post_json(
         &mock,
         "/embeddings",
-        &json!({"model": "m", "input": ["the same text", "other text"], "dimensions": 40}),
+        &json!({"model": "text-embedding-3-small", "input": ["the same text", "other text"], "dimensions": 40}),
     )
     .await;
     let data = many["data"].as_array().expect("data");
@@ -492,6 +493,23 @@ async fn embeddings_are_deterministic_per_input() {
         "a longer vector extends the short one"
     );
     assert_ne!(data[0]["embedding"], data[1]["embedding"]);
+    assert_eq!(
+        many["usage"]["prompt_tokens"], 7,
+        "billed per input: 4 + 3 tokens"
+    );
+    assert_eq!(mock.embedded_inputs(), 4, "one, one, then two inputs");
+    assert_eq!(mock.embedded_counts()["the same text"], 3);
+
+    let (_, other_model) = post_json(
+        &mock,
+        "/embeddings",
+        &json!({"model": "text-embedding-3-large", "input": "the same text"}),
+    )
+    .await;
+    assert_ne!(
+        other_model["data"][0]["embedding"], a["data"][0]["embedding"],
+        "the vector is a function of the model too"
+    );
 
     let (_, encoded) = post_json(
         &mock,
@@ -506,13 +524,19 @@ async fn embeddings_are_deterministic_per_input() {
 }
 
 #[test]
-fn embedding_values_come_from_the_input_hash() {
-    let vector = embedding_vector("abc", 4);
-    // SHA-256("abc") begins ba 78 16 bf: as i8, -70 120 22 -65.
-    assert_eq!(
-        vector,
-        vec![-70.0 / 128.0, 120.0 / 128.0, 22.0 / 128.0, -65.0 / 128.0]
-    );
+fn embedding_values_come_from_the_model_and_input_hash() {
+    let vector = embedding_vector("m", "abc", 3);
+    let digest = Sha256::digest(b"m\0\0\0\0\0abc");
+    let expected: Vec<f32> = digest
+        .chunks_exact(4)
+        .take(3)
+        .map(|four| (u32::from_be_bytes(four.try_into().unwrap()) >> 8) as f32 / 8_388_608.0 - 1.0)
+        .collect();
+    assert_eq!(vector, expected);
+    assert!(vector.iter().all(|v| (-1.0..1.0).contains(v)));
+    // Not short decimals: the f32's shortest form is not the f64 a client parses.
+    assert!(vector.iter().any(|v| v.to_string().parse::<f64>().unwrap() != f64::from(*v)));
+    assert_ne!(vector, embedding_vector("n", "abc", 3));
 }
 
 #[tokio::test]

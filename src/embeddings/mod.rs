@@ -1,0 +1,236 @@
+//! `POST /v1/embeddings` by the item: each input of a batch is cached and
+//! coalesced on its own key, so a batch sends upstream only the inputs nobody
+//! has embedded yet, in one call, and the caller gets every vector back in
+//! its order and its `encoding_format`.
+//!
+//! `wire.rs` knows the format (items, upstream bodies, answers, encodings);
+//! the coalescer's batch flights (`coalesce/batch.rs`) know only keys and bytes.
+
+pub mod wire;
+
+use std::sync::Arc;
+
+use axum::{
+    body::Body,
+    http::{HeaderName, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+
+use crate::{
+    cache::{StoredResponse, Usage},
+    coalesce::{BatchLoader, CacheStatus, ItemsLoaded, ItemsServed},
+    dedup::{FINGERPRINT_HEADER, header_value, set_status_headers},
+    error::GatewayError,
+    fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
+    metrics::Attribution,
+    request::DedupRequest,
+    state::AppState,
+    upstream::Outbound,
+};
+use wire::{ItemLimits, ItemizedRequest};
+
+/// How many of a batch's inputs were served which way.
+pub const ITEMS_HEADER: &str = "x-corral-items";
+
+/// Serves an embeddings request (not `no-store`) item by item.
+pub async fn serve(
+    app: Arc<AppState>,
+    request: DedupRequest,
+    outbound: Outbound,
+    bill: Attribution,
+) -> Result<Response, GatewayError> {
+    let itemized = Arc::new(ItemizedRequest::parse(
+        &request.body,
+        ItemLimits::from(&app.config.limits),
+    )?);
+    let upstream = &app.upstream_names[request.upstream];
+    let keys: Arc<[CacheKey]> = (0..itemized.len())
+        .map(|item| CacheKey {
+            scope: request.scope.clone(),
+            fingerprint: Fingerprint::of(&KeyInput {
+                endpoint: Endpoint::Embeddings,
+                upstream,
+                scope: &request.scope,
+                headers: &request.keyed_headers,
+                query: &request.query_pairs,
+                body: &itemized.item_key_body(item),
+            }),
+        })
+        .collect();
+    let loader = batch_loader(app.clone(), itemized.clone(), outbound, bill.clone());
+    let served = match app
+        .coalescer
+        .get_or_fetch_items(keys, request.policy, loader)
+        .await
+    {
+        Ok(served) => served,
+        Err(error) => {
+            let mut response = error.to_response();
+            response.headers_mut().insert(
+                HeaderName::from_static(FINGERPRINT_HEADER),
+                header_value(&request.fingerprint.hex()),
+            );
+            return Ok(response);
+        }
+    };
+    let ItemsServed { items, billed } = served;
+    let mut counts = Counts::default();
+    for item in &items {
+        counts.add(item.status);
+        // Each input served without this caller's own call saved its tokens,
+        // where the input's own count is known; otherwise it is counted as unknown.
+        app.metrics.served(&bill, item.status, item.response.usage);
+    }
+    counts.record(&app, &bill);
+    let bodies: Vec<&[u8]> = items.iter().map(|item| item.response.body.as_ref()).collect();
+    let billed_usage = billed.map(|billed| billed.usage).unwrap_or_default();
+    let body = wire::assemble(
+        itemized.format,
+        &itemized.slots,
+        &bodies,
+        &request.model,
+        billed_usage,
+    )
+    .map_err(|reason| GatewayError::Internal(anyhow::anyhow!("assembling embeddings: {reason}")))?;
+    tracing::debug!(
+        hit = counts.hit,
+        stale = counts.stale,
+        coalesced = counts.coalesced,
+        miss = counts.miss,
+        fingerprint = %request.fingerprint.short_hex(),
+        "served embeddings"
+    );
+    let mut response = (StatusCode::OK, Body::from(body)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let status = counts.status();
+    let stored = counts.miss > 0 && request.policy.write;
+    set_status_headers(headers, &request, status, stored, None);
+    headers.insert(
+        HeaderName::from_static(ITEMS_HEADER),
+        header_value(&counts.header()),
+    );
+    Ok(response)
+}
+
+/// The one upstream call of a batch flight: the body asks for the flight's
+/// items only (in their relative order); the answer is split into one stored
+/// vector per item, or refused whole.
+fn batch_loader(
+    app: Arc<AppState>,
+    itemized: Arc<ItemizedRequest>,
+    outbound: Outbound,
+    bill: Attribution,
+) -> BatchLoader {
+    let outbound = Arc::new(outbound);
+    Arc::new(move |items: Vec<usize>| {
+        let (app, itemized, outbound, bill) = (
+            app.clone(),
+            itemized.clone(),
+            outbound.clone(),
+            bill.clone(),
+        );
+        Box::pin(async move {
+            let mut call = (*outbound).clone();
+            call.body = itemized.upstream_body(&items);
+            let buffered = app.upstream.call_buffered(&call, &bill.model).await?;
+            let answer = wire::split_answer(&buffered.body, items.len());
+            let usage = match &answer {
+                Ok(split) => split.usage,
+                Err(_) => Usage::from_body(&buffered.body),
+            };
+            // Paid for, whether or not the answer is usable.
+            app.metrics.upstream_usage(&bill, usage);
+            let split = answer.map_err(|reason| GatewayError::UpstreamInvalid {
+                upstream: app.upstream.name(call.upstream).to_owned(),
+                reason,
+            })?;
+            let alone = items.len() == 1;
+            let responses = split
+                .items
+                .into_iter()
+                .zip(&items)
+                .map(|(body, &item)| {
+                    // An input's own token count: the call's when it was embedded
+                    // alone, its token ids' when it came as tokens; else unknown.
+                    let tokens = match alone {
+                        true => usage.map(|usage| usage.prompt_tokens),
+                        false => itemized.known_tokens(item),
+                    };
+                    StoredResponse {
+                        status: StatusCode::OK,
+                        headers: vec![(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        )],
+                        body,
+                        usage: tokens.map(|prompt_tokens| Usage {
+                            prompt_tokens,
+                            ..Usage::default()
+                        }),
+                    }
+                })
+                .collect();
+            Ok(ItemsLoaded {
+                items: responses,
+                usage,
+                compute_time: buffered.elapsed,
+            })
+        })
+    })
+}
+
+/// A batch's inputs by how they were served.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    hit: u64,
+    stale: u64,
+    coalesced: u64,
+    miss: u64,
+}
+
+impl Counts {
+    fn add(&mut self, status: CacheStatus) {
+        match status {
+            CacheStatus::Hit => self.hit += 1,
+            CacheStatus::Stale => self.stale += 1,
+            CacheStatus::Coalesced => self.coalesced += 1,
+            CacheStatus::Miss | CacheStatus::Bypass => self.miss += 1,
+        }
+    }
+
+    /// The request's one status: MISS when it paid for any input, else
+    /// COALESCED when it shared another's call, else STALE, else HIT.
+    fn status(self) -> CacheStatus {
+        if self.miss > 0 {
+            CacheStatus::Miss
+        } else if self.coalesced > 0 {
+            CacheStatus::Coalesced
+        } else if self.stale > 0 {
+            CacheStatus::Stale
+        } else {
+            CacheStatus::Hit
+        }
+    }
+
+    fn header(self) -> String {
+        format!(
+            "hit={}, stale={}, coalesced={}, miss={}",
+            self.hit, self.stale, self.coalesced, self.miss
+        )
+    }
+
+    fn record(self, app: &AppState, bill: &Attribution) {
+        for (status, count) in [
+            (CacheStatus::Hit, self.hit),
+            (CacheStatus::Stale, self.stale),
+            (CacheStatus::Coalesced, self.coalesced),
+            (CacheStatus::Miss, self.miss),
+        ] {
+            app.metrics.embedding_inputs(&bill.model, status, count);
+        }
+    }
+}
