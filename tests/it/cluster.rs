@@ -26,7 +26,7 @@ const PATH: &str = "/v1/chat/completions";
 /// Test instances are debug builds sharing two cores with a thousand clients:
 /// a Redis round trip can exceed the production 150 ms deadline there without
 /// Redis being unwell, so tests that are not about Redis failing allow 2 s.
-fn redis_config(url: &str) -> RedisConfig {
+pub(crate) fn redis_config(url: &str) -> RedisConfig {
     RedisConfig {
         url: Some(url.to_owned()),
         op_timeout: Duration::from_secs(2),

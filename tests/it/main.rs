@@ -13,6 +13,7 @@ mod dashboard;
 mod deadlines;
 mod dedup;
 mod edges;
+mod embeddings;
 mod fuzz_corpora;
 mod logs;
 mod metrics;

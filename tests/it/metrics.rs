@@ -39,7 +39,7 @@ fn priced(config: &mut Config) {
 
 /// `/metrics`, parsed by `prometheus-parse`, after checking that every line is
 /// well-formed (the parser itself skips what it cannot read).
-async fn scrape(gateway: &TestGateway) -> Scrape {
+pub(crate) async fn scrape(gateway: &TestGateway) -> Scrape {
     let reply = gateway.get("/metrics").await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(
@@ -96,7 +96,7 @@ fn assert_well_formed(text: &str) {
 }
 
 /// Sum of the samples of `metric` whose labels include `labels`.
-fn sum(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn sum(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
     scrape
         .samples
         .iter()
