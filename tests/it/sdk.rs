@@ -34,28 +34,7 @@ const IMPORT_CHECK: &str = "import sys, openai\n\
 async fn the_openai_python_sdk_works_through_corral() {
     let python = Python::with_openai().await;
     let gateway = TestGateway::start(|_| {}).await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/openai_check.py");
-    let mut command = python.command();
-    command
-        .arg(&script)
-        .arg(format!("{}/v1", gateway.url))
-        // The SDK (httpx) honours proxy variables; loopback must not go through one.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
-    let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the SDK script failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
-        output.status
-    );
-    let results: Value = stdout
-        .lines()
-        .rev()
-        .find(|line| !line.trim().is_empty())
-        .and_then(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
+    let (results, stderr) = run_sdk_script(&python, &gateway, "openai_check.py").await;
     let context = format!("results: {results}\nstderr: {stderr}");
 
     let chat = results["chat_content"].as_str().unwrap_or_default();
@@ -124,6 +103,66 @@ async fn the_openai_python_sdk_works_through_corral() {
     );
 }
 
+/// The SDK's default (base64 on the wire, decoded by the SDK) and float callers
+/// of the same inputs share corral's entries and decode the very same floats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_base64_and_float_callers_share_embeddings() {
+    let python = Python::with_openai().await;
+    let gateway = TestGateway::start(|_| {}).await;
+    let (results, stderr) = run_sdk_script(&python, &gateway, "embeddings_check.py").await;
+    let context = format!("results: {results}\nstderr: {stderr}");
+    assert_eq!(results["failures"], serde_json::json!([]), "{context}");
+    let items = |hit: u64, miss: u64| format!("hit={hit}, stale=0, coalesced=0, miss={miss}");
+    assert_eq!(results["default_items"], items(0, 3), "{context}");
+    assert_eq!(results["float_items"], items(3, 0), "{context}");
+    assert_eq!(results["same_floats"], true, "{context}");
+    assert_eq!(results["later_float_items"], items(0, 1), "{context}");
+    assert_eq!(results["later_default_items"], items(1, 0), "{context}");
+    assert_eq!(results["later_same_floats"], true, "{context}");
+    assert_eq!(results["mixed_items"], items(2, 1), "{context}");
+    assert_eq!(results["mixed_in_order"], true, "{context}");
+    assert_eq!(gateway.provider.embedded_inputs(), 5, "each input once; {context}");
+    // Upstream saw what each caller that paid asked for: the SDK's base64, then floats.
+    let formats: Vec<Value> = gateway
+        .provider
+        .requests()
+        .iter()
+        .map(|request| request.json().unwrap_or_default()["encoding_format"].clone())
+        .collect();
+    assert_eq!(formats, ["base64", "float", "base64"], "{context}");
+}
+
+/// Runs `tests/sdk/<script>` against the gateway; its last stdout line is JSON.
+async fn run_sdk_script(
+    python: &Python,
+    gateway: &TestGateway,
+    script: &str,
+) -> (Value, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk").join(script);
+    let mut command = python.command();
+    command
+        .arg(&script)
+        .arg(format!("{}/v1", gateway.url))
+        // The SDK (httpx) honours proxy variables; loopback must not go through one.
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "the SDK script failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+        output.status
+    );
+    let results: Value = stdout
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .and_then(|line| serde_json::from_str(line).ok())
+        .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
+    (results, stderr)
+}
+
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
 pub(crate) struct Python {
     pythonpath: Option<PathBuf>,
@@ -131,8 +170,18 @@ pub(crate) struct Python {
 
 impl Python {
     /// The system's `openai` if it has one; else the one installed under the
-    /// target directory by an earlier run; else installs it there now.
+    /// target directory by an earlier run; else installs it there now. Found
+    /// once per test process: two SDK tests must not install side by side.
     pub(crate) async fn with_openai() -> Self {
+        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
+        let pythonpath = FOUND
+            .get_or_init(|| async { Self::find_or_install().await.pythonpath })
+            .await
+            .clone();
+        Self { pythonpath }
+    }
+
+    async fn find_or_install() -> Self {
         let system = Self { pythonpath: None };
         if system.imports_openai().await {
             return system;
