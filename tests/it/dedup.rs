@@ -3,11 +3,12 @@
 
 use std::{collections::HashSet, time::Duration};
 
+use corral::fingerprint::Endpoint;
 use mock_upstream::FailureMode;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{TestGateway, WAIT, chat, completion, count_status, embedding};
+use crate::harness::{Reply, TestGateway, WAIT, chat, completion, count_status, embedding};
 
 const HERD: usize = 1000;
 
@@ -23,14 +24,20 @@ async fn one_call_for_a_herd(path: &str, body: Value) {
         replies.iter().all(|r| r.status == StatusCode::OK),
         "{path}: every caller gets 200"
     );
-    let bodies: HashSet<&[u8]> = replies.iter().map(|r| r.body.as_ref()).collect();
+    // Embeddings answer with the usage this caller was billed (the MISS
+    // alone); everything else is the same bytes for every caller.
+    let shared = |reply: &Reply| match path {
+        "/v1/embeddings" => reply.json()["data"].to_string().into_bytes(),
+        _ => reply.body.to_vec(),
+    };
+    let bodies: HashSet<Vec<u8>> = replies.iter().map(shared).collect();
     assert_eq!(bodies.len(), 1, "{path}: every caller gets the same bytes");
     assert_eq!(count_status(&replies, "MISS"), 1, "{path}");
     assert_eq!(count_status(&replies, "COALESCED"), HERD - 1, "{path}");
 
     let repeat = gateway.post(path, &body).await;
     assert_eq!(repeat.cache(), "HIT");
-    assert_eq!(repeat.body, replies[0].body);
+    assert_eq!(shared(&repeat), shared(&replies[0]));
     assert_eq!(gateway.provider.calls(), 1);
 }
 
@@ -190,6 +197,7 @@ async fn prompt_corpus_variants_coalesce_and_distinct_prompts_do_not() {
     for group in load_groups("equal") {
         expected_calls += 1;
         let mut fingerprints = HashSet::new();
+        let mut direct_calls = 0;
         for (i, request) in group.requests.iter().enumerate() {
             let reply = send(&gateway, request).await;
             assert_eq!(
@@ -221,6 +229,8 @@ async fn prompt_corpus_variants_coalesce_and_distinct_prompts_do_not() {
     }
     for group in load_groups("distinct") {
         let gateway = TestGateway::start(|_| {}).await;
+        let mut fingerprints = HashSet::new();
+        let mut direct_calls = 0;
         for (i, request) in group.requests.iter().enumerate() {
             let reply = send(&gateway, request).await;
             assert_eq!(
@@ -230,14 +240,35 @@ async fn prompt_corpus_variants_coalesce_and_distinct_prompts_do_not() {
                 group.name,
                 reply.body
             );
+            fingerprints.insert(reply.header("x-corral-fingerprint").unwrap().to_owned());
+            if request.endpoint == Endpoint::Embeddings {
+                // Embeddings share by the input, not the request: distinct
+                // requests may share inputs, and every vector must be the
+                // one a direct call returns.
+                let direct = gateway
+                    .client
+                    .post(format!("{}/embeddings", gateway.provider.base_url()))
+                    .body(request.raw.clone())
+                    .header("content-type", "application/json")
+                    .send()
+                    .await
+                    .unwrap();
+                let direct: Value = direct.json().await.unwrap();
+                direct_calls += 1;
+                assert_eq!(reply.json()["data"], direct["data"], "{} #{i}", group.name);
+                continue;
+            }
             assert_eq!(reply.cache(), "MISS", "{} #{i} must not share", group.name);
         }
-        assert_eq!(
-            gateway.provider.calls(),
-            group.requests.len() as u64,
-            "{}",
-            group.name
-        );
+        assert_eq!(fingerprints.len(), group.requests.len(), "{}", group.name);
+        if group.endpoint != Endpoint::Embeddings {
+            assert_eq!(
+                gateway.provider.calls(),
+                group.requests.len() as u64 + direct_calls,
+                "{}",
+                group.name
+            );
+        }
     }
 }
 
