@@ -197,7 +197,6 @@ async fn prompt_corpus_variants_coalesce_and_distinct_prompts_do_not() {
     for group in load_groups("equal") {
         expected_calls += 1;
         let mut fingerprints = HashSet::new();
-        let mut direct_calls = 0;
         for (i, request) in group.requests.iter().enumerate() {
             let reply = send(&gateway, request).await;
             assert_eq!(

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
-use corral::mock::{FailureMode, Scripted};
+use mock_upstream::{FailureMode, Scripted};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
