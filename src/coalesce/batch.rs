@@ -61,9 +61,8 @@ pub struct ItemsLoaded {
 
 /// Makes one upstream call for the items at the given positions of the
 /// caller's key list. A partial answer is the loader's error, never a short list.
-pub type BatchLoader = Arc<
-    dyn Fn(Vec<usize>) -> BoxFuture<'static, Result<ItemsLoaded, GatewayError>> + Send + Sync,
->;
+pub type BatchLoader =
+    Arc<dyn Fn(Vec<usize>) -> BoxFuture<'static, Result<ItemsLoaded, GatewayError>> + Send + Sync>;
 
 /// How one item reached its caller.
 #[derive(Debug, Clone)]
@@ -256,7 +255,12 @@ impl Coalescer {
     }
 
     /// One background refresh for the stale items nobody refreshes yet, as one batch.
-    fn refresh_items_in_background(&self, keys: &Arc<[CacheKey]>, stale: &[usize], loader: BatchLoader) {
+    fn refresh_items_in_background(
+        &self,
+        keys: &Arc<[CacheKey]>,
+        stale: &[usize],
+        loader: BatchLoader,
+    ) {
         let guards: Vec<(usize, FlightGuard)> = stale
             .iter()
             .filter_map(|&i| {
@@ -367,7 +371,11 @@ async fn run_batch(
             .leases
             .into_iter()
             .partition(|(i, _)| missing.contains(i));
-        release_all(&cluster, found.into_iter().map(|(_, lease)| lease).collect()).await;
+        release_all(
+            &cluster,
+            found.into_iter().map(|(_, lease)| lease).collect(),
+        )
+        .await;
         let mut load = contended.unlocked;
         load.extend(leases.iter().map(|(i, _)| *i));
         load.sort_unstable();
@@ -386,7 +394,11 @@ async fn run_batch(
             Ok(loaded) => loaded,
             Err(error) => {
                 // No record: remote followers see the locks go and contend again.
-                release_all(&cluster, leases.into_iter().map(|(_, lease)| lease).collect()).await;
+                release_all(
+                    &cluster,
+                    leases.into_iter().map(|(_, lease)| lease).collect(),
+                )
+                .await;
                 return Err(error);
             }
         };

@@ -82,7 +82,10 @@ pub async fn serve(
         app.metrics.served(&bill, item.status, item.response.usage);
     }
     counts.record(&app, &bill);
-    let bodies: Vec<&[u8]> = items.iter().map(|item| item.response.body.as_ref()).collect();
+    let bodies: Vec<&[u8]> = items
+        .iter()
+        .map(|item| item.response.body.as_ref())
+        .collect();
     let billed_usage = billed.map(|billed| billed.usage).unwrap_or_default();
     let body = wire::assemble(
         itemized.format,

@@ -97,7 +97,9 @@ impl ItemizedRequest {
             }
             Some(text @ Value::String(_)) => vec![text],
             // One input given as token ids.
-            Some(tokens @ Value::Array(list)) if !list.is_empty() && list.iter().all(Value::is_number) => {
+            Some(tokens @ Value::Array(list))
+                if !list.is_empty() && list.iter().all(Value::is_number) =>
+            {
                 vec![tokens]
             }
             Some(Value::Array(list)) => list.iter().collect(),
@@ -109,7 +111,10 @@ impl ItemizedRequest {
             }
         };
         if inputs.is_empty() {
-            return Err(GatewayError::invalid_param("input", "`input` must not be empty"));
+            return Err(GatewayError::invalid_param(
+                "input",
+                "`input` must not be empty",
+            ));
         }
         if inputs.len() > limits.max_inputs {
             return Err(GatewayError::invalid_param(
@@ -271,7 +276,10 @@ pub fn split_answer(body: &[u8], expected: usize) -> Result<SplitAnswer, String>
         ));
     }
     Ok(SplitAnswer {
-        items: items.into_iter().map(|item| item.expect("every index seen once")).collect(),
+        items: items
+            .into_iter()
+            .map(|item| item.expect("every index seen once"))
+            .collect(),
         usage: Usage::from_body(body),
     })
 }
@@ -304,7 +312,8 @@ pub fn assemble(
     let stored: Vec<StoredItem> = items
         .iter()
         .map(|body| {
-            serde_json::from_slice(body).map_err(|err| format!("a stored vector is unreadable: {err}"))
+            serde_json::from_slice(body)
+                .map_err(|err| format!("a stored vector is unreadable: {err}"))
         })
         .collect::<Result<_, _>>()?;
     let encoded: Vec<Value> = stored
@@ -333,7 +342,9 @@ pub fn assemble(
         "model": model,
         "usage": {"prompt_tokens": billed.prompt_tokens, "total_tokens": billed.prompt_tokens},
     });
-    Ok(Bytes::from(serde_json::to_vec(&answer).expect("a JSON value serializes")))
+    Ok(Bytes::from(
+        serde_json::to_vec(&answer).expect("a JSON value serializes"),
+    ))
 }
 
 /// One stored vector in the caller's format.
@@ -403,7 +414,8 @@ mod tests {
     #[test]
     fn a_string_is_the_single_item_of_a_list_and_formats_share_a_key() {
         let single = parse(r#"{"model":"m","input":"a"}"#).unwrap();
-        let listed = parse(r#"{"model":"m","input":["b","a"],"encoding_format":"base64"}"#).unwrap();
+        let listed =
+            parse(r#"{"model":"m","input":["b","a"],"encoding_format":"base64"}"#).unwrap();
         assert_eq!(single.item_key_body(0), listed.item_key_body(1));
         assert_ne!(listed.item_key_body(0), listed.item_key_body(1));
         let other = parse(r#"{"model":"m","input":"a","dimensions":8}"#).unwrap();
@@ -416,23 +428,42 @@ mod tests {
         for (json, expected) in [
             (r#"{"model":"m"}"#, "provide an input"),
             (r#"{"model":"m","input":[]}"#, "must not be empty"),
-            (r#"{"model":"m","input":["a","b","c","d","e"]}"#, "the limit is 4"),
+            (
+                r#"{"model":"m","input":["a","b","c","d","e"]}"#,
+                "the limit is 4",
+            ),
             (r#"{"model":"m","input":["a",{}]}"#, "`input[1]`"),
             (r#"{"model":"m","input":[[1,-2]]}"#, "`input[0]`"),
             (r#"{"model":"m","input":[["x"]]}"#, "`input[0]`"),
             (r#"{"model":"m","input":5}"#, "must be a string"),
-            (r#"{"model":"m","input":"a","encoding_format":"hex"}"#, "encoding_format"),
-            (r#"{"model":"m","input":"a","stream":true}"#, "do not stream"),
+            (
+                r#"{"model":"m","input":"a","encoding_format":"hex"}"#,
+                "encoding_format",
+            ),
+            (
+                r#"{"model":"m","input":"a","stream":true}"#,
+                "do not stream",
+            ),
         ] {
             let error = parse(json).unwrap_err().to_string();
             assert!(error.contains(expected), "{json}: {error}");
         }
         let long = format!(r#"{{"model":"m","input":["{}"]}}"#, "x".repeat(100));
-        assert!(parse(&long).unwrap_err().to_string().contains("the limit is 64"));
+        assert!(
+            parse(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("the limit is 64")
+        );
     }
 
     fn base64_of(values: &[f32]) -> String {
-        BASE64.encode(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+        BASE64.encode(
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
     }
 
     #[test]
@@ -451,9 +482,17 @@ mod tests {
         let first: Value = serde_json::from_slice(&split.items[0]).unwrap();
         assert_eq!(first["embedding"], serde_json::json!([0.125, 1.0]));
         assert_eq!(first["model"], "m-1");
-        assert!(split_answer(body.as_bytes(), 3).unwrap_err().contains("2 vectors for 3"));
+        assert!(
+            split_answer(body.as_bytes(), 3)
+                .unwrap_err()
+                .contains("2 vectors for 3")
+        );
         let twice = body.replace("\"index\":0", "\"index\":1");
-        assert!(split_answer(twice.as_bytes(), 2).unwrap_err().contains("twice"));
+        assert!(
+            split_answer(twice.as_bytes(), 2)
+                .unwrap_err()
+                .contains("twice")
+        );
         let broken = body.replace(&base64_of(&[0.5, -0.25]), "AAA");
         assert!(split_answer(broken.as_bytes(), 2).is_err());
     }
@@ -478,15 +517,17 @@ mod tests {
             .map(|v| v.as_f64().unwrap())
             .collect();
         let expected: Vec<f64> = values.iter().map(|v| f64::from(*v)).collect();
-        assert_eq!(parsed, expected, "a float caller parses the exact f32 values");
+        assert_eq!(
+            parsed, expected,
+            "a float caller parses the exact f32 values"
+        );
         // And back: floats stored, a base64 caller gets the same bits.
         let from_floats = serde_json::to_vec(&StoredItem {
             model: "m".into(),
             embedding: floats["data"][0]["embedding"].clone(),
         })
         .unwrap();
-        let encoded =
-            assemble(EncodingFormat::Base64, &[0], &[&from_floats], "x", usage).unwrap();
+        let encoded = assemble(EncodingFormat::Base64, &[0], &[&from_floats], "x", usage).unwrap();
         let encoded: Value = serde_json::from_slice(&encoded).unwrap();
         assert_eq!(encoded["data"][0]["embedding"], base64_of(&values));
         assert_eq!(encoded["model"], "m");

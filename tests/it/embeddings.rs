@@ -93,7 +93,10 @@ async fn a_batch_with_five_new_inputs_sends_exactly_those_five_upstream() {
     let first = gateway.post(PATH, &batch(&old, None)).await;
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(first.cache(), "MISS");
-    assert_eq!(first.header("x-corral-items"), Some("hit=0, stale=0, coalesced=0, miss=100"));
+    assert_eq!(
+        first.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=0, miss=100")
+    );
 
     // The same 100 with 5 new ones in between, asked for in base64 this time.
     let new = texts("new", 0..5);
@@ -104,12 +107,23 @@ async fn a_batch_with_five_new_inputs_sends_exactly_those_five_upstream() {
     let second = gateway.post(PATH, &batch(&mixed, Some("base64"))).await;
     assert_eq!(second.status, StatusCode::OK, "{:?}", second.body);
     assert_eq!(second.cache(), "MISS");
-    assert_eq!(second.header("x-corral-items"), Some("hit=100, stale=0, coalesced=0, miss=5"));
+    assert_eq!(
+        second.header("x-corral-items"),
+        Some("hit=100, stale=0, coalesced=0, miss=5")
+    );
 
     let calls = upstream_inputs(&gateway);
     assert_eq!(calls.len(), 2);
-    assert_eq!(calls[1], json!(new), "exactly the new inputs, in their relative order");
-    assert_eq!(gateway.provider.embedded_inputs(), 105, "each input embedded once");
+    assert_eq!(
+        calls[1],
+        json!(new),
+        "exactly the new inputs, in their relative order"
+    );
+    assert_eq!(
+        gateway.provider.embedded_inputs(),
+        105,
+        "each input embedded once"
+    );
 
     // Bit for bit what a direct call returns for the same 105 inputs, in order.
     let answer = second.json();
@@ -123,13 +137,24 @@ async fn a_batch_with_five_new_inputs_sends_exactly_those_five_upstream() {
 
     // A float caller of the same inputs: all cached, the same floats a direct call gives.
     let floats = gateway.post(PATH, &batch(&mixed, Some("float"))).await;
-    assert_eq!(floats.header("x-corral-items"), Some("hit=105, stale=0, coalesced=0, miss=0"));
+    assert_eq!(
+        floats.header("x-corral-items"),
+        Some("hit=105, stale=0, coalesced=0, miss=0")
+    );
     assert_eq!(floats.cache(), "HIT");
     let expected = direct(&gateway, &batch(&mixed, Some("float"))).await;
     assert_eq!(floats.json()["data"], expected["data"]);
     assert_eq!(vectors(&floats.json()), vectors(&answer));
-    assert_eq!(floats.json()["usage"]["prompt_tokens"], 0, "nothing was billed");
-    assert_eq!(upstream_inputs(&gateway).len(), 5, "two through corral, three direct");
+    assert_eq!(
+        floats.json()["usage"]["prompt_tokens"],
+        0,
+        "nothing was billed"
+    );
+    assert_eq!(
+        upstream_inputs(&gateway).len(),
+        5,
+        "two through corral, three direct"
+    );
 }
 
 #[tokio::test]
@@ -146,15 +171,22 @@ async fn duplicates_token_arrays_and_a_single_string_share_entries() {
     assert_eq!(got, vectors(&direct(&gateway, &body).await));
 
     // A string input is the single-item case; a single token array too.
-    let single = gateway.post(PATH, &json!({"model": MODEL, "input": "b"})).await;
+    let single = gateway
+        .post(PATH, &json!({"model": MODEL, "input": "b"}))
+        .await;
     assert_eq!(single.cache(), "HIT");
     assert_eq!(vectors(&single.json())[0], got[3]);
-    let tokens = gateway.post(PATH, &json!({"model": MODEL, "input": [1, 2, 3]})).await;
+    let tokens = gateway
+        .post(PATH, &json!({"model": MODEL, "input": [1, 2, 3]}))
+        .await;
     assert_eq!(tokens.cache(), "HIT");
     assert_eq!(vectors(&tokens.json())[0], got[1]);
     // Another model, another dimension count: other entries.
     let other = gateway
-        .post(PATH, &json!({"model": MODEL, "input": "b", "dimensions": 4}))
+        .post(
+            PATH,
+            &json!({"model": MODEL, "input": "b", "dimensions": 4}),
+        )
         .await;
     assert_eq!(other.cache(), "MISS");
     assert_eq!(
@@ -196,7 +228,10 @@ async fn an_upstream_error_or_a_partial_answer_fails_the_batch_and_caches_nothin
 
     let third = gateway.post(PATH, &batch(&inputs, None)).await;
     assert_eq!(third.status, StatusCode::OK);
-    assert_eq!(third.header("x-corral-items"), Some("hit=0, stale=0, coalesced=0, miss=3"));
+    assert_eq!(
+        third.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=0, miss=3")
+    );
     assert_eq!(
         upstream_inputs(&gateway),
         vec![json!(inputs); 3],
@@ -242,10 +277,19 @@ async fn overlapping_batches_on_one_instance_embed_the_shared_input_once() {
     gateway.wait_for_calls(2).await;
     gateway.provider.release();
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
-    assert_eq!(first.header("x-corral-items"), Some("hit=0, stale=0, coalesced=0, miss=2"));
-    assert_eq!(second.header("x-corral-items"), Some("hit=0, stale=0, coalesced=1, miss=1"));
+    assert_eq!(
+        first.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=0, miss=2")
+    );
+    assert_eq!(
+        second.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=1, miss=1")
+    );
     assert_eq!(upstream_inputs(&gateway), [json!([a, b]), json!([c])]);
-    assert_eq!(counts(&gateway).values().copied().collect::<Vec<_>>(), [1, 1, 1]);
+    assert_eq!(
+        counts(&gateway).values().copied().collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
     assert_eq!(vectors(&first.json())[1], vectors(&second.json())[0]);
 }
 
@@ -266,7 +310,10 @@ async fn overlapping_batches_on_two_instances_embed_each_input_once() {
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(second.status, StatusCode::OK);
-    assert_eq!(second.header("x-corral-items"), Some("hit=0, stale=0, coalesced=1, miss=1"));
+    assert_eq!(
+        second.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=1, miss=1")
+    );
     assert_eq!(upstream_inputs(one), [json!([a, b]), json!([c])]);
     let embedded = fleet.provider.embedded_counts();
     assert_eq!(
@@ -276,10 +323,12 @@ async fn overlapping_batches_on_two_instances_embed_each_input_once() {
     );
     assert_eq!(vectors(&first.json())[1], vectors(&second.json())[0]);
 
-    let cached = one
-        .post(PATH, &batch(&["charlie".to_owned()], None))
-        .await;
-    assert_eq!(cached.cache(), "HIT", "instance one reads instance two's entry");
+    let cached = one.post(PATH, &batch(&["charlie".to_owned()], None)).await;
+    assert_eq!(
+        cached.cache(),
+        "HIT",
+        "instance one reads instance two's entry"
+    );
     tokio::time::timeout(WAIT, async {
         one.wait_idle().await;
         two.wait_idle().await;
@@ -294,7 +343,9 @@ async fn metrics_count_saved_inputs_and_their_tokens_where_known() {
     let embed = |input: Value| {
         let gateway = &gateway;
         async move {
-            let reply = gateway.post(PATH, &json!({"model": MODEL, "input": input})).await;
+            let reply = gateway
+                .post(PATH, &json!({"model": MODEL, "input": input}))
+                .await;
             assert_eq!(reply.status, StatusCode::OK);
             reply
         }
@@ -305,15 +356,27 @@ async fn metrics_count_saved_inputs_and_their_tokens_where_known() {
     assert!(alpha_tokens > 0);
     // `alpha` a hit with known tokens; `beta` and the token ids embedded together.
     let mixed = embed(json!(["alpha", "beta", [7, 8, 9]])).await;
-    assert_eq!(mixed.header("x-corral-items"), Some("hit=1, stale=0, coalesced=0, miss=2"));
+    assert_eq!(
+        mixed.header("x-corral-items"),
+        Some("hit=1, stale=0, coalesced=0, miss=2")
+    );
     // `beta`'s own count is unknown (it shared a call); the token ids are three tokens.
     let hits = embed(json!(["beta", [7, 8, 9]])).await;
     assert_eq!(hits.cache(), "HIT");
 
     let m = scrape(&gateway).await;
-    assert_eq!(sum(&m, "corral_embedding_inputs_total", &[("via", "hit")]), 3.0);
-    assert_eq!(sum(&m, "corral_embedding_inputs_total", &[("via", "miss")]), 3.0);
-    assert_eq!(sum(&m, "corral_saved_responses_total", &[("via", "hit")]), 3.0);
+    assert_eq!(
+        sum(&m, "corral_embedding_inputs_total", &[("via", "hit")]),
+        3.0
+    );
+    assert_eq!(
+        sum(&m, "corral_embedding_inputs_total", &[("via", "miss")]),
+        3.0
+    );
+    assert_eq!(
+        sum(&m, "corral_saved_responses_total", &[("via", "hit")]),
+        3.0
+    );
     assert_eq!(
         sum(
             &m,

@@ -121,7 +121,11 @@ async fn the_sdks_base64_and_float_callers_share_embeddings() {
     assert_eq!(results["later_same_floats"], true, "{context}");
     assert_eq!(results["mixed_items"], items(2, 1), "{context}");
     assert_eq!(results["mixed_in_order"], true, "{context}");
-    assert_eq!(gateway.provider.embedded_inputs(), 5, "each input once; {context}");
+    assert_eq!(
+        gateway.provider.embedded_inputs(),
+        5,
+        "each input once; {context}"
+    );
     // Upstream saw what each caller that paid asked for: the SDK's base64, then floats.
     let formats: Vec<Value> = gateway
         .provider
@@ -133,12 +137,10 @@ async fn the_sdks_base64_and_float_callers_share_embeddings() {
 }
 
 /// Runs `tests/sdk/<script>` against the gateway; its last stdout line is JSON.
-async fn run_sdk_script(
-    python: &Python,
-    gateway: &TestGateway,
-    script: &str,
-) -> (Value, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk").join(script);
+async fn run_sdk_script(python: &Python, gateway: &TestGateway, script: &str) -> (Value, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
     let mut command = python.command();
     command
         .arg(&script)

@@ -558,11 +558,17 @@ pub(super) fn embedding_vector(model: &str, input: &str, dimensions: usize) -> V
         hasher.update(block.to_be_bytes());
         hasher.update(input.as_bytes());
         let remaining = dimensions - vector.len();
-        vector.extend(hasher.finalize().chunks_exact(4).take(remaining).map(|four| {
-            let bits = u32::from_be_bytes([four[0], four[1], four[2], four[3]]) >> 8;
-            // A 24-bit integer over 2^23, minus one: exact in f32.
-            (bits as f32) / 8_388_608.0 - 1.0
-        }));
+        vector.extend(
+            hasher
+                .finalize()
+                .chunks_exact(4)
+                .take(remaining)
+                .map(|four| {
+                    let bits = u32::from_be_bytes([four[0], four[1], four[2], four[3]]) >> 8;
+                    // A 24-bit integer over 2^23, minus one: exact in f32.
+                    (bits as f32) / 8_388_608.0 - 1.0
+                }),
+        );
         block = block.wrapping_add(1);
     }
     vector

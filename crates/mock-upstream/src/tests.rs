@@ -535,7 +535,11 @@ fn embedding_values_come_from_the_model_and_input_hash() {
     assert_eq!(vector, expected);
     assert!(vector.iter().all(|v| (-1.0..1.0).contains(v)));
     // Not short decimals: the f32's shortest form is not the f64 a client parses.
-    assert!(vector.iter().any(|v| v.to_string().parse::<f64>().unwrap() != f64::from(*v)));
+    assert!(
+        vector
+            .iter()
+            .any(|v| v.to_string().parse::<f64>().unwrap() != f64::from(*v))
+    );
     assert_ne!(vector, embedding_vector("n", "abc", 3));
 }
 
