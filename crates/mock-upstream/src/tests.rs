@@ -499,6 +499,15 @@ async fn embeddings_are_deterministic_per_input() {
     );
     assert_eq!(mock.embedded_inputs(), 4, "one, one, then two inputs");
     assert_eq!(mock.embedded_counts()["the same text"], 3);
+    let calls: Value = client()
+        .get(format!("http://{}/__mock/calls", mock.addr()))
+        .send()
+        .await
+        .expect("admin answers")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(calls["embedded_inputs"], 4, "{calls}");
 
     let (_, other_model) = post_json(
         &mock,
