@@ -380,29 +380,31 @@ async fn run_batch(
         load.extend(leases.iter().map(|(i, _)| *i));
         load.sort_unstable();
 
-        let lease_list: Vec<Lease> = leases.iter().map(|(_, lease)| lease.clone()).collect();
-        let loading = pin!(cluster.holding_all(
-            &lease_list,
-            load_items(&context, &keys, load, policy, &loader)
-        ));
-        let following = pin!(follow_all(&cluster, &keys, contended.held, deadline));
-        let (loaded, followed) = match futures::future::select(loading, following).await {
-            Either::Left((loaded, following)) => (loaded, following.await),
-            Either::Right((followed, loading)) => (loading.await, followed),
-        };
-        let loaded = match loaded {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                // No record: remote followers see the locks go and contend again.
-                release_all(
-                    &cluster,
-                    leases.into_iter().map(|(_, lease)| lease).collect(),
+        // Our items are recorded and released as soon as they are loaded,
+        // never after the follows: two instances following each other's
+        // items must not wait on each other's records.
+        let loading = pin!(async {
+            let lease_list: Vec<Lease> = leases.iter().map(|(_, lease)| lease.clone()).collect();
+            let loaded = cluster
+                .holding_all(
+                    &lease_list,
+                    load_items(&context, &keys, load, policy, &loader),
                 )
                 .await;
-                return Err(error);
+            match &loaded {
+                Ok(loaded) => record_all(&context, &cluster, &keys, leases, &loaded.items).await,
+                // No record: remote followers see the locks go and contend again.
+                Err(_) => release_all(&cluster, lease_list).await,
             }
+            loaded
+        });
+        let following = pin!(follow_all(&cluster, &keys, contended.held, deadline));
+        let (loaded, followed) = match futures::future::select(loading, following).await {
+            // A failed call fails the batch at once, whatever it still follows.
+            Either::Left((Err(error), _)) => return Err(error),
+            Either::Left((Ok(loaded), following)) => (loaded, following.await),
+            Either::Right((followed, loading)) => (loading.await?, followed),
         };
-        record_all(&context, &cluster, &keys, leases, &loaded.items).await;
         outcome.absorb(loaded);
         outcome.items.extend(followed.done);
         if followed.timed_out {

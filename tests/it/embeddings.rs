@@ -403,7 +403,9 @@ async fn stale_inputs_are_served_at_once_and_refreshed_together_in_one_call() {
     let old = texts("aging", 0..3);
     let first = gateway.post(PATH, &batch(&old, None)).await;
     assert_eq!(first.cache(), "MISS");
-    gateway.clock.advance(std::time::Duration::from_millis(1500));
+    gateway
+        .clock
+        .advance(std::time::Duration::from_millis(1500));
     // Held upstream: the stale entries answer, and one refresh goes out for all three.
     gateway.provider.hold();
     let mut mixed = old.clone();
@@ -412,11 +414,17 @@ async fn stale_inputs_are_served_at_once_and_refreshed_together_in_one_call() {
     gateway.wait_for_calls(3).await;
     gateway.provider.release();
     let second = second.await.unwrap();
-    assert_eq!(second.header("x-corral-items"), Some("hit=0, stale=3, coalesced=0, miss=1"));
+    assert_eq!(
+        second.header("x-corral-items"),
+        Some("hit=0, stale=3, coalesced=0, miss=1")
+    );
     gateway.wait_idle().await;
     let calls = upstream_inputs(&gateway);
     assert_eq!(calls.len(), 3, "{calls:?}");
-    assert!(calls.contains(&json!(old)), "one refresh for the three stale inputs: {calls:?}");
+    assert!(
+        calls.contains(&json!(old)),
+        "one refresh for the three stale inputs: {calls:?}"
+    );
     assert!(calls.contains(&json!(["fresh"])), "{calls:?}");
     let third = gateway.post(PATH, &batch(&old, None)).await;
     assert_eq!(third.cache(), "HIT", "the refresh stored fresh entries");
