@@ -381,7 +381,7 @@ async fn metrics_count_saved_inputs_and_their_tokens_where_known() {
         sum(
             &m,
             "corral_tokens_total",
-            &[("kind", "prompt"), ("source", "saved")]
+            &[("kind", "input"), ("source", "saved")]
         ),
         (alpha_tokens + 3) as f64,
         "alpha's own count and the three token ids; beta's is not invented"
