@@ -17,6 +17,7 @@ use crate::{
     cache::{StoredResponse, Usage},
     coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
     config::CacheScope,
+    embeddings,
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
     metrics::{Attribution, Metrics},
@@ -84,7 +85,29 @@ pub async fn serve(
         return Ok(response);
     }
     if endpoint == Endpoint::Embeddings {
-        return crate::embeddings::serve(app, request, outbound, bill).await;
+        let answer = embeddings::serve(app, &request, outbound, bill).await;
+        let mut response = match answer {
+            Ok(answer) => {
+                let mut response = (StatusCode::OK, Body::from(answer.body)).into_response();
+                let headers = response.headers_mut();
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                set_status_headers(headers, &request, answer.status, answer.stored, None);
+                headers.insert(
+                    HeaderName::from_static(embeddings::ITEMS_HEADER),
+                    header_value(&answer.items),
+                );
+                response
+            }
+            Err(error) => error.to_response(),
+        };
+        response.headers_mut().insert(
+            HeaderName::from_static(FINGERPRINT_HEADER),
+            header_value(&fingerprint.hex()),
+        );
+        return Ok(response);
     }
     let key = CacheKey {
         scope: request.scope.clone(),
@@ -432,7 +455,7 @@ fn response_from(shared: &StoredResponse) -> Response {
 }
 
 /// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
-pub(crate) fn set_status_headers(
+fn set_status_headers(
     headers: &mut HeaderMap,
     request: &DedupRequest,
     status: CacheStatus,
@@ -467,7 +490,7 @@ pub(crate) fn set_status_headers(
     }
 }
 
-pub(crate) fn header_value(text: &str) -> HeaderValue {
+fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 

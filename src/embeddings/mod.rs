@@ -10,16 +10,12 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use axum::{
-    body::Body,
-    http::{HeaderName, HeaderValue, StatusCode, header},
-    response::{IntoResponse, Response},
-};
+use axum::http::{HeaderValue, StatusCode, header};
+use bytes::Bytes;
 
 use crate::{
     cache::{StoredResponse, Usage},
     coalesce::{BatchLoader, CacheStatus, ItemsLoaded, ItemsServed},
-    dedup::{FINGERPRINT_HEADER, header_value, set_status_headers},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
     metrics::Attribution,
@@ -32,17 +28,30 @@ use wire::{ItemLimits, ItemizedRequest};
 /// How many of a batch's inputs were served which way.
 pub const ITEMS_HEADER: &str = "x-corral-items";
 
+/// An embeddings request's answer, before `dedup` turns it into a response
+/// with its status headers.
+#[derive(Debug)]
+pub struct EmbeddingsAnswer {
+    pub body: Bytes,
+    /// The request's one status: see [`Counts::status`].
+    pub status: CacheStatus,
+    /// Some input went upstream for this request and was stored.
+    pub stored: bool,
+    /// The [`ITEMS_HEADER`] value.
+    pub items: String,
+}
+
 /// Serves an embeddings request (not `no-store`) item by item.
 pub async fn serve(
     app: Arc<AppState>,
-    request: DedupRequest,
+    request: &DedupRequest,
     outbound: Outbound,
     bill: Attribution,
-) -> Result<Response, GatewayError> {
-    let itemized = Arc::new(ItemizedRequest::parse(
-        &request.body,
-        ItemLimits::from(&app.config.limits),
-    )?);
+) -> Result<EmbeddingsAnswer, Arc<GatewayError>> {
+    let itemized = Arc::new(
+        ItemizedRequest::parse(&request.body, ItemLimits::from(&app.config.limits))
+            .map_err(Arc::new)?,
+    );
     let upstream = &app.upstream_names[request.upstream];
     let keys: Arc<[CacheKey]> = (0..itemized.len())
         .map(|item| CacheKey {
@@ -58,22 +67,10 @@ pub async fn serve(
         })
         .collect();
     let loader = batch_loader(app.clone(), itemized.clone(), outbound, bill.clone());
-    let served = match app
+    let ItemsServed { items, billed } = app
         .coalescer
         .get_or_fetch_items(keys, request.policy, loader)
-        .await
-    {
-        Ok(served) => served,
-        Err(error) => {
-            let mut response = error.to_response();
-            response.headers_mut().insert(
-                HeaderName::from_static(FINGERPRINT_HEADER),
-                header_value(&request.fingerprint.hex()),
-            );
-            return Ok(response);
-        }
-    };
-    let ItemsServed { items, billed } = served;
+        .await?;
     let mut counts = Counts::default();
     for item in &items {
         counts.add(item.status);
@@ -94,7 +91,11 @@ pub async fn serve(
         &request.model,
         billed_usage,
     )
-    .map_err(|reason| GatewayError::Internal(anyhow::anyhow!("assembling embeddings: {reason}")))?;
+    .map_err(|reason| {
+        Arc::new(GatewayError::Internal(anyhow::anyhow!(
+            "assembling embeddings: {reason}"
+        )))
+    })?;
     tracing::debug!(
         hit = counts.hit,
         stale = counts.stale,
@@ -103,20 +104,12 @@ pub async fn serve(
         fingerprint = %request.fingerprint.short_hex(),
         "served embeddings"
     );
-    let mut response = (StatusCode::OK, Body::from(body)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    let status = counts.status();
-    let stored = counts.miss > 0 && request.policy.write;
-    set_status_headers(headers, &request, status, stored, None);
-    headers.insert(
-        HeaderName::from_static(ITEMS_HEADER),
-        header_value(&counts.header()),
-    );
-    Ok(response)
+    Ok(EmbeddingsAnswer {
+        body,
+        status: counts.status(),
+        stored: counts.miss > 0 && request.policy.write,
+        items: counts.header(),
+    })
 }
 
 /// The one upstream call of a batch flight: the body asks for the flight's
