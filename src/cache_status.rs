@@ -10,12 +10,15 @@ pub enum CacheStatus {
     Miss,
     Coalesced,
     Bypass,
+    /// A client's retry answered from the retry window (`retry_window.rs`):
+    /// a hit, whose `Cache-Status` says `detail=retry`.
+    Retry,
 }
 
 impl CacheStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Hit => "HIT",
+            Self::Hit | Self::Retry => "HIT",
             Self::Stale => "STALE",
             Self::Miss => "MISS",
             Self::Coalesced => "COALESCED",

@@ -345,6 +345,15 @@ pub struct RetryConfig {
     pub budget_ratio: f64,
     /// Retries per second always allowed, so a quiet upstream can still retry.
     pub budget_min_per_sec: f64,
+    /// How long the answer of a completed flight (sampled or not) stays
+    /// readable by the client's own retries (`X-Stainless-Retry-Count` > 0, or
+    /// a repeated `Idempotency-Key`), and how long an idempotency key stays
+    /// bound to its request. 0 turns the retry window off.
+    #[serde(with = "humantime_serde")]
+    pub dedup_window: Duration,
+    /// Bytes of answers the retry window keeps in this process (bodies and
+    /// stream events); the least recently used go first.
+    pub dedup_max_bytes: u64,
 }
 
 impl Default for RetryConfig {
@@ -356,6 +365,8 @@ impl Default for RetryConfig {
             deadline: Duration::from_secs(150),
             budget_ratio: 0.2,
             budget_min_per_sec: 1.0,
+            dedup_window: Duration::from_secs(300),
+            dedup_max_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -1038,6 +1049,12 @@ impl Config {
         }
         if self.retry.max_attempts == 0 {
             return Err(ConfigError::key("retry.max_attempts", "must be at least 1"));
+        }
+        if !self.retry.dedup_window.is_zero() && self.retry.dedup_max_bytes == 0 {
+            return Err(ConfigError::key(
+                "retry.dedup_max_bytes",
+                "must be at least 1 while retry.dedup_window is on (set the window to 0 to turn it off)",
+            ));
         }
         if self.retry.base_delay > self.retry.max_delay {
             return Err(ConfigError::key(

@@ -22,6 +22,7 @@ use crate::{
     fingerprint::{CacheKey, Endpoint},
     metrics::{Attribution, Metrics},
     request::DedupRequest,
+    retry_window::Retained,
     sse::{self, StreamLog},
     state::AppState,
     upstream::{Outbound, body},
@@ -113,8 +114,28 @@ pub async fn serve(
         scope: request.scope.clone(),
         fingerprint,
     };
+    // A client's retry receives the answer its earlier attempt paid for.
+    let retained = match &app.retry_window {
+        Some(window) => window.recall_for(&request.retry, &key).await?,
+        None => None,
+    };
     if request.stream {
-        return serve_stream(app, request, outbound, key, bill).await;
+        return serve_stream(app, request, outbound, key, bill, retained).await;
+    }
+    if let Some(retained) = retained {
+        tracing::debug!(fingerprint = %fingerprint.short_hex(), "served a retry from the retry window");
+        app.metrics
+            .served(&bill, CacheStatus::Retry, retained.response.usage);
+        let mut response = response_from(&retained.response);
+        let age = retained.age(app.clock.now_ms());
+        set_status_headers(
+            response.headers_mut(),
+            &request,
+            CacheStatus::Retry,
+            true,
+            Some(age),
+        );
+        return Ok(response);
     }
 
     let loader = upstream_loader(app.clone(), outbound, endpoint, bill.clone());
@@ -161,13 +182,15 @@ fn attribution(app: &AppState, request: &DedupRequest, headers: &HeaderMap) -> A
 
 /// A streaming caller's answer: the flight's live log when the flight streams,
 /// else the complete (or cached) answer replayed as a valid SSE sequence. Every
-/// caller of one flight reads the same events, byte for byte.
+/// caller of one flight reads the same events, byte for byte; a retry answered
+/// from the retry window reads the events its first attempt's stream had.
 async fn serve_stream(
     app: Arc<AppState>,
     request: DedupRequest,
     mut outbound: Outbound,
     key: CacheKey,
     bill: Attribution,
+    retained: Option<Arc<Retained>>,
 ) -> Result<Response, GatewayError> {
     let body: serde_json::Map<String, Value> = serde_json::from_slice(&request.raw_body)
         .map_err(|err| GatewayError::invalid(err.to_string()))?;
@@ -176,13 +199,23 @@ async fn serve_stream(
     let upstream_request = sse::force_include_usage(&body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
-    let loader = stream_loader(app.clone(), outbound, request.endpoint, bill.clone());
-    let answer = app
-        .coalescer
-        .answer(key, request.policy, loader, true)
-        .await;
     // A follower of a live stream: its saving is counted once it has been served.
     let mut live_saving = None;
+    let retained_events = retained.as_ref().map(|retained| retained.events.clone());
+    let answer = match retained {
+        Some(retained) => Ok(Answer::Complete(Served {
+            response: retained.response.clone(),
+            status: CacheStatus::Retry,
+            stored: true,
+            age: Some(retained.age(app.clock.now_ms())),
+        })),
+        None => {
+            let loader = stream_loader(app.clone(), outbound, request.endpoint, bill.clone());
+            app.coalescer
+                .answer(key, request.policy, loader, true)
+                .await
+        }
+    };
     let (reader, status, stored, age) = match answer {
         Ok(Answer::Live { log, status }) => {
             if status == CacheStatus::Coalesced {
@@ -200,9 +233,15 @@ async fn serve_stream(
                 upstream: app.upstream_names[request.upstream].clone(),
                 reason,
             };
-            let value: Value = serde_json::from_slice(&served.response.body)
-                .map_err(|err| invalid(format!("answer is not JSON: {err}")))?;
-            let events = sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?;
+            let events = match retained_events {
+                // The first attempt streamed: its own events, byte for byte.
+                Some(events) if !events.is_empty() => events,
+                _ => {
+                    let value: Value = serde_json::from_slice(&served.response.body)
+                        .map_err(|err| invalid(format!("answer is not JSON: {err}")))?;
+                    sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?
+                }
+            };
             let log = StreamLog::replay(events);
             app.metrics
                 .served(&bill, served.status, served.response.usage);
@@ -331,6 +370,7 @@ fn stream_loader(
                     body,
                 },
                 compute_time: started.elapsed(),
+                events: summary.events,
             })
         })
     })
@@ -395,6 +435,7 @@ fn upstream_loader(
                 response,
                 cacheable,
                 compute_time: buffered.elapsed,
+                events: Vec::new(),
             })
         })
     })
@@ -480,6 +521,7 @@ fn set_status_headers(
         (CacheStatus::Coalesced, true) => "corral; fwd=miss; collapsed; stored",
         (CacheStatus::Coalesced, false) => "corral; fwd=miss; collapsed",
         (CacheStatus::Bypass, _) => "corral; fwd=bypass",
+        (CacheStatus::Retry, _) => "corral; hit; detail=retry",
     };
     headers.insert(
         HeaderName::from_static("cache-status"),

@@ -80,6 +80,11 @@ pub enum GatewayError {
         path: String,
         setting: &'static str,
     },
+    /// An `Idempotency-Key` bound (within the retry window) to another request.
+    #[error(
+        "this Idempotency-Key was already used with a different request; send a new key with a new request"
+    )]
+    IdempotencyKeyReused,
 }
 
 impl GatewayError {
@@ -183,6 +188,11 @@ impl GatewayError {
                 StatusCode::FORBIDDEN,
                 "invalid_request_error",
                 Some("passthrough_denied"),
+            ),
+            Self::IdempotencyKeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request_error",
+                Some("idempotency_key_reused"),
             ),
         }
     }

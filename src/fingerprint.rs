@@ -126,6 +126,38 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// A client's `Idempotency-Key`, hashed together with the tenant of the
+/// credential that sent it: two tenants' equal keys are two keys, and the raw
+/// key (which a client may derive from its own data) is never kept.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey {
+    pub tenant: TenantScope,
+    digest: [u8; 32],
+}
+
+impl IdempotencyKey {
+    pub fn of(tenant: TenantScope, key: &[u8]) -> Self {
+        let digest = Sha256::new()
+            .chain_update(b"corral-idempotency-v1\0")
+            .chain_update(tenant.as_str().as_bytes())
+            .chain_update([0])
+            .chain_update(key)
+            .finalize()
+            .into();
+        Self { tenant, digest }
+    }
+
+    pub fn hex(&self) -> String {
+        hex::encode(self.digest)
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({}…)", &self.hex()[..12])
+    }
+}
+
 /// Where a response is stored: its fingerprint (which already covers the
 /// scope) and the scope itself, so stores can lay keys out per tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod pricing;
 pub mod request;
+pub mod retry_window;
 pub mod server;
 pub mod sse;
 pub mod state;

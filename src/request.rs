@@ -12,7 +12,9 @@ use crate::{
     auth::{TenantKey, bearer_token},
     config::{CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
-    fingerprint::{Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body},
+    fingerprint::{
+        Endpoint, Fingerprint, IdempotencyKey, KeyInput, Normalization, TenantScope, canonical_body,
+    },
     upstream::Routes,
     validate::{self, InputLimits},
 };
@@ -94,6 +96,65 @@ impl CachePolicy {
     }
 }
 
+/// The SDKs' retry counter: `0` on a first attempt, `N` on the Nth retry.
+pub const RETRY_COUNT_HEADER: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+/// IETF draft `httpapi-idempotency-key-header`.
+pub const IDEMPOTENCY_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// Longest `Idempotency-Key` accepted (a UUID is 36; Stripe allows 255).
+const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
+
+/// How a request says it may repeat an earlier attempt of the same client.
+/// Neither mark is keyed or forwarded: they change who may read the retry
+/// window (`retry_window.rs`), never the answer.
+#[derive(Debug, Clone, Default)]
+pub struct RetryMarks {
+    /// `X-Stainless-Retry-Count` > 0: an SDK retries an attempt it gave up on.
+    pub sdk_retry: bool,
+    /// `Idempotency-Key`, hashed with the sending credential's tenant.
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
+impl RetryMarks {
+    fn from_headers(
+        headers: &HeaderMap,
+        tenant: impl FnOnce() -> TenantScope,
+    ) -> Result<Self, GatewayError> {
+        // A counter that does not parse is no retry mark; it is no error either,
+        // since the header is informational for every other server.
+        let sdk_retry = headers
+            .get(RETRY_COUNT_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.trim().parse::<u32>().ok())
+            .is_some_and(|count| count > 0);
+        let idempotency_key = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+            None => None,
+            Some(value) => {
+                // The draft sends an sf-string ("..."); SDKs send the bare token.
+                let text = value.to_str().unwrap_or_default().trim();
+                let text = text
+                    .strip_prefix('"')
+                    .and_then(|t| t.strip_suffix('"'))
+                    .unwrap_or(text);
+                if text.is_empty() || text.len() > MAX_IDEMPOTENCY_KEY_CHARS {
+                    return Err(GatewayError::invalid(format!(
+                        "the Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters"
+                    )));
+                }
+                Some(IdempotencyKey::of(tenant(), text.as_bytes()))
+            }
+        };
+        Ok(Self {
+            sdk_retry,
+            idempotency_key,
+        })
+    }
+
+    /// Whether the request carries any mark (only those consult the window).
+    pub fn any(&self) -> bool {
+        self.sdk_retry || self.idempotency_key.is_some()
+    }
+}
+
 #[derive(Debug)]
 pub struct DedupRequest {
     pub endpoint: Endpoint,
@@ -120,6 +181,8 @@ pub struct DedupRequest {
     /// keys derived from this request (an embeddings batch's items).
     pub keyed_headers: Vec<(String, String)>,
     pub query_pairs: Vec<(String, String)>,
+    /// Retry counter and idempotency key, for the retry window.
+    pub retry: RetryMarks,
 }
 
 impl DedupRequest {
@@ -171,6 +234,11 @@ impl DedupRequest {
             CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
             CacheScope::Global => TenantScope::global(),
         };
+        // Idempotency keys are the caller's own, whatever the cache shares.
+        let retry = RetryMarks::from_headers(headers, || match cache.scope {
+            CacheScope::Tenant => scope.clone(),
+            CacheScope::Global => TenantScope::of_credential(rules.tenant_key, credential),
+        })?;
 
         let mut keyed_headers = Vec::new();
         let mut forward_headers = Vec::new();
@@ -227,6 +295,7 @@ impl DedupRequest {
             body,
             keyed_headers,
             query_pairs,
+            retry,
         })
     }
 }

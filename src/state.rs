@@ -20,6 +20,7 @@ use crate::{
     limits::Limits,
     metrics::Metrics,
     passthrough::Policy,
+    retry_window::RetryWindow,
     sse::LogLimits,
     upstream::{Routes, Upstream},
 };
@@ -46,6 +47,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// Redis coordination, when configured.
     pub cluster: Option<Arc<Cluster>>,
+    /// Completed answers kept for the client's retries; `None` when off.
+    pub retry_window: Option<Arc<RetryWindow>>,
     /// Detached work (flights, refreshes) that shutdown waits for.
     pub tasks: TaskTracker,
     /// Gateway keys and the keyed tenant scope.
@@ -135,6 +138,8 @@ impl AppState {
             hard_ttl: config.cache.hard_ttl,
             jitter: config.cache.ttl_jitter,
         };
+        let retry_window =
+            RetryWindow::new(&config.retry, cluster.clone(), clock.clone()).map(Arc::new);
         let tasks = TaskTracker::new();
         let cut_upstream = CancellationToken::new();
         let coalescer = Coalescer::new(
@@ -149,6 +154,7 @@ impl AppState {
                 stream_limits: stream_log_limits(&config, &metrics),
                 stream_stall_timeout: config.coalesce.stream_stall_timeout,
                 max_entry_bytes: config.cache.max_entry_bytes,
+                retry_window: retry_window.clone(),
             },
             config.coalesce.clone(),
             tasks.clone(),
@@ -172,6 +178,7 @@ impl AppState {
             coalescer,
             cluster,
             ledger,
+            retry_window,
             clock,
             tasks,
             config,

@@ -1,5 +1,5 @@
 //! The self-describing byte format of values corral keeps in Redis: cache
-//! entries and flight records.
+//! entries, flight records and the retry window's answers.
 //!
 //! `magic (4) | header length (u32 BE) | header JSON | body bytes`. The header
 //! names the format version, the tenant scope and the full fingerprint, and
@@ -43,6 +43,8 @@ pub enum Kind {
     Entry,
     /// How one flight ended, for its followers (and negative caching).
     Record,
+    /// A completed answer kept for the client's retries (`retry_window.rs`).
+    Retained,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,6 +70,10 @@ struct Header {
     token: Option<String>,
     #[serde(default)]
     failed: bool,
+    /// Retained answers of streamed flights: the length of each SSE event,
+    /// stored after the response body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event_lens: Option<Vec<u64>>,
 }
 
 /// How a flight ended, as followers on other instances read it.
@@ -96,6 +102,7 @@ pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
         compute_us: entry.compute_time.as_micros() as u64,
         token: None,
         failed: false,
+        event_lens: None,
     };
     encode(&header, &entry.response.body)
 }
@@ -126,6 +133,7 @@ pub fn encode_record(key: &CacheKey, record: &FlightRecord) -> Vec<u8> {
         compute_us: 0,
         token: Some(record.token.clone()),
         failed: record.failed,
+        event_lens: None,
     };
     encode(&header, &record.response.body)
 }
@@ -140,6 +148,72 @@ pub fn decode_record(bytes: &[u8], key: &CacheKey) -> Result<FlightRecord, Decod
         response,
         recorded_at_ms: header.stored_at_ms,
     })
+}
+
+/// A completed answer and, for a streamed flight, its events as callers
+/// received them; `stored_at_ms` on the gateway's clock.
+pub fn encode_retained(
+    key: &CacheKey,
+    response: &StoredResponse,
+    events: &[Bytes],
+    stored_at_ms: u64,
+) -> Vec<u8> {
+    let event_lens: Vec<u64> = events.iter().map(|event| event.len() as u64).collect();
+    let header = Header {
+        kind: Kind::Retained,
+        scope: key.scope.as_str().to_owned(),
+        fingerprint: key.fingerprint.hex(),
+        status: response.status.as_u16(),
+        headers: header_pairs(response),
+        usage: response.usage,
+        body_len: response.body.len() as u64 + event_lens.iter().sum::<u64>(),
+        stored_at_ms,
+        soft_expires_at_ms: 0,
+        hard_expires_at_ms: 0,
+        compute_us: 0,
+        token: None,
+        failed: false,
+        event_lens: (!events.is_empty()).then_some(event_lens),
+    };
+    let mut body = Vec::with_capacity(header.body_len as usize);
+    body.extend_from_slice(&response.body);
+    for event in events {
+        body.extend_from_slice(event);
+    }
+    encode(&header, &body)
+}
+
+/// The inverse of `encode_retained`: the response, its events, and when it was stored.
+pub fn decode_retained(
+    bytes: &[u8],
+    key: &CacheKey,
+) -> Result<(Arc<StoredResponse>, Vec<Bytes>, u64), DecodeError> {
+    let (header, response) = decode(bytes, key, Kind::Retained)?;
+    let Some(lens) = header.event_lens else {
+        return Ok((response, Vec::new(), header.stored_at_ms));
+    };
+    // `decode` checked that the whole tail is there; the events are its end.
+    let all = response.body.clone();
+    let events_len = lens
+        .iter()
+        .try_fold(0u64, |sum, len| sum.checked_add(*len))
+        .filter(|sum| *sum <= all.len() as u64)
+        .ok_or(DecodeError::Truncated)? as usize;
+    let body_len = all.len() - events_len;
+    let mut events = Vec::with_capacity(lens.len());
+    let mut at = body_len;
+    for len in lens {
+        let end = at + len as usize;
+        events.push(all.slice(at..end));
+        at = end;
+    }
+    let response = Arc::new(StoredResponse {
+        status: response.status,
+        headers: response.headers.clone(),
+        body: all.slice(..body_len),
+        usage: response.usage,
+    });
+    Ok((response, events, header.stored_at_ms))
 }
 
 fn header_pairs(response: &StoredResponse) -> Vec<(String, String)> {
@@ -310,12 +384,39 @@ mod tests {
         assert_eq!(decoded.recorded_at_ms, 99);
     }
 
+    #[test]
+    fn retained_answers_round_trip_with_their_events() {
+        let k = key("t1", b"a");
+        let response = entry().response;
+        let events = [
+            Bytes::from_static(b"data: {\"a\":1}\n\n"),
+            Bytes::from_static(b"data: [DONE]\n\n"),
+        ];
+        let bytes = encode_retained(&k, &response, &events, 42);
+        let (decoded, decoded_events, stored_at) = decode_retained(&bytes, &k).unwrap();
+        assert_eq!(decoded.body, response.body);
+        assert_eq!(decoded.usage, response.usage);
+        assert_eq!(decoded_events, events);
+        assert_eq!(stored_at, 42);
+        let (_, none, _) = decode_retained(&encode_retained(&k, &response, &[], 1), &k).unwrap();
+        assert!(none.is_empty());
+        assert!(matches!(
+            decode_entry(&bytes, &k),
+            Err(DecodeError::Kind { .. })
+        ));
+        assert_eq!(
+            decode_retained(&bytes, &key("t2", b"a")).unwrap_err(),
+            DecodeError::ForeignKey
+        );
+    }
+
     proptest! {
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let k = key("t1", b"a");
             let _ = decode_entry(&bytes, &k);
             let _ = decode_record(&bytes, &k);
+            let _ = decode_retained(&bytes, &k);
             let mut framed = MAGIC.to_vec();
             framed.extend_from_slice(&bytes);
             let _ = decode_entry(&framed, &k);

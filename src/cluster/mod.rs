@@ -42,13 +42,13 @@ use redis::streams::StreamReadReply;
 use crate::{
     breaker::{Breaker, BreakerState},
     cache::{
-        Entry,
+        Entry, StoredResponse,
         codec::{self, FlightRecord},
     },
     clock::SystemClock,
     config::RedisConfig,
     crypto::Sealer,
-    fingerprint::{CacheKey, Fingerprint},
+    fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
     metrics::Metrics,
     sse::{self, CallerUsage, LogEnd, StreamLog, StreamWriter},
 };
@@ -138,6 +138,21 @@ impl Keys {
 
     pub fn record(&self, key: &CacheKey) -> String {
         self.key(key, "flight")
+    }
+
+    /// A completed answer kept for the client's retries (`retry_window.rs`).
+    pub fn retained(&self, key: &CacheKey) -> String {
+        self.key(key, "retry")
+    }
+
+    /// The fingerprint an idempotency key is bound to; the key's hash is its hash tag.
+    pub fn idempotency(&self, key: &IdempotencyKey) -> String {
+        format!(
+            "{}:v1:{}:idem:{{{}}}",
+            self.prefix,
+            key.tenant.as_str(),
+            key.hex()
+        )
     }
 
     /// The owner's live event log, mirrored for followers on other instances.
@@ -413,6 +428,68 @@ impl Cluster {
             ttl.as_millis() as u64,
         )
         .await
+    }
+
+    /// A retained answer: the response, a streamed flight's events, when stored.
+    pub async fn get_retained(
+        &self,
+        key: &CacheKey,
+    ) -> Result<Option<(Arc<StoredResponse>, Vec<Bytes>, u64)>, Unavailable> {
+        self.get_value("get retained", self.keys.retained(key), |bytes| {
+            codec::decode_retained(bytes, key)
+        })
+        .await
+    }
+
+    pub async fn put_retained(
+        &self,
+        key: &CacheKey,
+        response: &StoredResponse,
+        events: &[Bytes],
+        stored_at_ms: u64,
+        ttl: Duration,
+    ) -> Result<(), Unavailable> {
+        let value = codec::encode_retained(key, response, events, stored_at_ms);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.put_value("put retained", self.keys.retained(key), value, ttl_ms)
+            .await
+    }
+
+    /// Binds `key` to `fingerprint` for `ttl` unless it is bound already:
+    /// `None` when this call bound it, else the fingerprint it was bound to.
+    /// One script (GET, else SET PX), so two instances never both bind.
+    pub async fn bind_idempotency_key(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<Option<Fingerprint>, Unavailable> {
+        let name = self.keys.idempotency(key);
+        let value = self.seal(&name, fingerprint.hex().into_bytes());
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let query = name.clone();
+        let bound: Option<Vec<u8>> = self
+            .run("bind idempotency key", |mut conn| async move {
+                Script::new(TRY_LOCK)
+                    .key(query)
+                    .arg(value)
+                    .arg(ttl_ms)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let Some(bound) = bound else {
+            return Ok(None);
+        };
+        let found = self
+            .open(&name, bound)
+            .and_then(|plain| Fingerprint::from_hex(std::str::from_utf8(&plain).ok()?));
+        if found.is_none() {
+            // Not ours to judge by: the request goes on as a first attempt.
+            self.rejected_values.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("rejected an idempotency binding that does not decode");
+        }
+        Ok(found)
     }
 
     /// Reads key `name`, decrypts and decodes it. A value that does not

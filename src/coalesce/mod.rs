@@ -28,6 +28,7 @@ use crate::{
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
+    retry_window::RetryWindow,
     sse::StreamLog,
 };
 
@@ -41,6 +42,9 @@ pub struct Loaded {
     /// Successful and complete (every choice finished): may be stored.
     pub cacheable: bool,
     pub compute_time: Duration,
+    /// A streamed call's SSE events as callers received them, kept in the
+    /// retry window for a streaming retry's replay; empty when buffered.
+    pub events: Vec<bytes::Bytes>,
 }
 
 /// Runs the upstream call for a flight. It may run more than once (a new owner
@@ -117,6 +121,8 @@ pub struct FlightContext {
     pub stream_stall_timeout: Duration,
     /// Answers larger than this are served but never stored.
     pub max_entry_bytes: u64,
+    /// Where completed answers wait for the client's retries; `None`: off.
+    pub retry_window: Option<Arc<RetryWindow>>,
 }
 
 impl Coalescer {
@@ -356,7 +362,8 @@ async fn load_and_store(
     let loaded = loader(publisher.clone()).await.map_err(Arc::new)?;
     let response = Arc::new(loaded.response);
     let mut stored = false;
-    if policy.write && loaded.cacheable {
+    let (cacheable, compute_time, events) = (loaded.cacheable, loaded.compute_time, loaded.events);
+    if policy.write && cacheable {
         let now = context.clock.now_ms();
         let (soft, hard) = context.ttl.expiries(now, &mut rand::rng());
         let entry = Entry {
@@ -364,7 +371,7 @@ async fn load_and_store(
             stored_at_ms: now,
             soft_expires_at_ms: soft,
             hard_expires_at_ms: hard,
-            compute_time: loaded.compute_time,
+            compute_time,
         };
         // One huge answer must not evict thousands of ordinary ones.
         if entry_weight(&entry) <= context.max_entry_bytes {
@@ -377,6 +384,16 @@ async fn load_and_store(
                 "answer served but not stored: larger than cache.max_entry_bytes"
             );
         }
+    }
+    // Every other complete answer (sampled, or not stored by policy) waits
+    // for the client's retries, before the outcome is published. One the
+    // cache stored answers them from there (a HIT), so it is not kept twice.
+    if let Some(window) = &context.retry_window
+        && cacheable
+        && !stored
+        && response.status.is_success()
+    {
+        window.remember(key, response.clone(), events).await;
     }
     Ok(Fetched {
         response,

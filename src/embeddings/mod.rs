@@ -191,7 +191,8 @@ struct Counts {
 impl Counts {
     fn add(&mut self, status: CacheStatus) {
         match status {
-            CacheStatus::Hit => self.hit += 1,
+            // Items are never served from the retry window; a whole request is.
+            CacheStatus::Hit | CacheStatus::Retry => self.hit += 1,
             CacheStatus::Stale => self.stale += 1,
             CacheStatus::Coalesced => self.coalesced += 1,
             CacheStatus::Miss | CacheStatus::Bypass => self.miss += 1,

@@ -70,7 +70,7 @@ pub const CACHE_LABELS: [&str; 6] = ["HIT", "STALE", "MISS", "COALESCED", "BYPAS
 /// `endpoint` label values (`Endpoint::label`).
 pub const ENDPOINT_LABELS: [&str; 3] = ["chat", "completions", "embeddings"];
 /// `via` label values of `corral_saved_responses_total`.
-pub const VIA_LABELS: [&str; 3] = ["hit", "stale", "coalesced"];
+pub const VIA_LABELS: [&str; 4] = ["hit", "stale", "coalesced", "retry"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -439,14 +439,16 @@ impl Metrics {
         self.add_usage(who, Side::Upstream, None, usage);
     }
 
-    /// A response served to a caller. HIT, STALE and COALESCED were served
-    /// without this caller's own upstream call: their usage is saved. MISS and
+    /// A response served to a caller. HIT, STALE, COALESCED and a retry
+    /// answered from the retry window were served without this caller's own
+    /// upstream call: their usage is saved. MISS and
     /// BYPASS were paid for where the upstream call was made, so add nothing here.
     pub fn served(&self, who: &Attribution, status: CacheStatus, usage: Option<Usage>) {
         let via = match status {
             CacheStatus::Hit => "hit",
             CacheStatus::Stale => "stale",
             CacheStatus::Coalesced => "coalesced",
+            CacheStatus::Retry => "retry",
             CacheStatus::Miss | CacheStatus::Bypass => return,
         };
         self.add_usage(who, Side::Saved, Some(via), usage);
@@ -456,7 +458,7 @@ impl Metrics {
     /// tokens go through [`served`](Self::served), one input at a time.
     pub fn embedding_inputs(&self, model: &ModelLabel, status: CacheStatus, count: u64) {
         let via = match status {
-            CacheStatus::Hit => "hit",
+            CacheStatus::Hit | CacheStatus::Retry => "hit",
             CacheStatus::Stale => "stale",
             CacheStatus::Coalesced => "coalesced",
             CacheStatus::Miss | CacheStatus::Bypass => "miss",
@@ -640,7 +642,7 @@ impl Collector for BooksCollector {
         encode_counters(
             &mut encoder,
             "corral_saved_responses",
-            "Responses served without their own upstream call, by how (hit, stale, coalesced)",
+            "Responses served without their own upstream call, by how (hit, stale, coalesced, retry: a client's retry answered from the retry window)",
             saved,
         )
     }
@@ -729,9 +731,11 @@ mod tests {
         metrics.served(&who, CacheStatus::Bypass, Some(USAGE));
         metrics.served(&who, CacheStatus::Coalesced, Some(USAGE));
         metrics.served(&who, CacheStatus::Stale, None);
+        metrics.served(&who, CacheStatus::Retry, None);
         let stats = metrics.stats();
         assert_eq!(stats.scope, crate::ledger::Scope::Instance);
-        assert_eq!(stats.saved_responses.total, 2);
+        assert_eq!(stats.saved_responses.total, 3);
+        assert_eq!(stats.saved_responses.retry, 1);
         assert_eq!(stats.saved_responses.coalesced, 1);
         assert_eq!(stats.saved_responses.stale, 1);
         assert_eq!(
@@ -739,7 +743,7 @@ mod tests {
             (8, 7)
         );
         assert_eq!(
-            stats.usage_unknown.saved, 1,
+            stats.usage_unknown.saved, 2,
             "no usage: unknown, not invented"
         );
         // 8 x 0.15 + 7 x 0.6 per million, exactly.

@@ -102,6 +102,8 @@ pub struct SavedStats {
     pub hit: u64,
     pub stale: u64,
     pub coalesced: u64,
+    /// Client retries answered from the retry window ("retries absorbed").
+    pub retry: u64,
 }
 
 /// Tokens of one side: the totals (`prompt`, `completion`) and the billed
@@ -376,6 +378,7 @@ impl Summary {
                     match &**via {
                         "hit" => saved.hit += n,
                         "stale" => saved.stale += n,
+                        "retry" => saved.retry += n,
                         _ => saved.coalesced += n,
                     }
                 }
@@ -479,6 +482,7 @@ impl Metrics {
             saved.hit += sums.saved.hit;
             saved.stale += sums.saved.stale;
             saved.coalesced += sums.saved.coalesced;
+            saved.retry += sums.saved.retry;
             for (side, totals) in [&mut tokens.upstream, &mut tokens.saved]
                 .into_iter()
                 .enumerate()

@@ -21,6 +21,7 @@ mod module_graph;
 mod pricing;
 mod protection;
 mod retry;
+mod retry_window;
 mod sdk;
 mod shutdown;
 mod slowloris;

@@ -1,0 +1,207 @@
+//! The retry window: the answer of every completed flight, sampled or not,
+//! kept for `retry.dedup_window` where only the client's own retries can read
+//! it, so a retry of an attempt the client gave up on (an SDK timeout, a
+//! dropped connection) receives the answer that attempt paid for instead of
+//! paying again.
+//!
+//! A request may read the window when it says it repeats an earlier attempt:
+//! `X-Stainless-Retry-Count` > 0, or an `Idempotency-Key` already bound to the
+//! same fingerprint. A request without those marks never sees it: a
+//! "regenerate" button still gets a fresh sample. An idempotency key is bound
+//! to the fingerprint of the first request that carried it, for the window;
+//! the same key with another request is refused (422).
+//!
+//! Answers live in an in-process moka cache bounded in bytes and time and,
+//! with Redis, under `retry:{fp}` (answers) and `idem:{key hash}` (bindings),
+//! both expiring with the window and sealed like every other value. The
+//! window is read before the flight table: a retry of a flight that still
+//! runs finds nothing here and joins the flight like any identical request.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use moka::future::Cache;
+
+use crate::{
+    cache::StoredResponse,
+    clock::Clock,
+    cluster::Cluster,
+    config::RetryConfig,
+    error::GatewayError,
+    fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
+    request::RetryMarks,
+};
+
+/// Bytes counted per answer beyond its body and events: headers, map overhead.
+const ANSWER_OVERHEAD_BYTES: u64 = 256;
+/// Idempotency keys this process remembers at once (about 100 bytes each).
+const MAX_LOCAL_BINDINGS: u64 = 100_000;
+
+/// A completed answer, as a retry receives it.
+#[derive(Debug)]
+pub struct Retained {
+    pub response: Arc<StoredResponse>,
+    /// A streamed flight's SSE events as its callers received them (usage
+    /// included; a reader filters per caller), replayed byte for byte to a
+    /// streaming retry. Empty for a buffered flight.
+    pub events: Vec<Bytes>,
+    /// On the gateway's clock, for `Age`.
+    pub stored_at_ms: u64,
+}
+
+impl Retained {
+    fn weight(&self) -> u32 {
+        let events: u64 = self.events.iter().map(|event| event.len() as u64).sum();
+        let weight = self.response.body.len() as u64 + events + ANSWER_OVERHEAD_BYTES;
+        u32::try_from(weight).unwrap_or(u32::MAX)
+    }
+
+    pub fn age(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms))
+    }
+}
+
+/// What an idempotency key says about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binding {
+    /// First seen now: bound to this request's fingerprint.
+    First,
+    /// Seen before with this same request: a repeat.
+    Repeat,
+    /// Seen before with another request.
+    Conflict,
+}
+
+#[derive(Debug)]
+pub struct RetryWindow {
+    window: Duration,
+    answers: Cache<Fingerprint, Arc<Retained>>,
+    bindings: Cache<IdempotencyKey, Fingerprint>,
+    cluster: Option<Arc<Cluster>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl RetryWindow {
+    /// `None` when `retry.dedup_window` is 0 (the window is off).
+    pub fn new(
+        config: &RetryConfig,
+        cluster: Option<Arc<Cluster>>,
+        clock: Arc<dyn Clock>,
+    ) -> Option<Self> {
+        if config.dedup_window.is_zero() {
+            return None;
+        }
+        let answers = Cache::builder()
+            .weigher(|_fingerprint, answer: &Arc<Retained>| answer.weight())
+            .max_capacity(config.dedup_max_bytes)
+            .time_to_live(config.dedup_window)
+            .build();
+        let bindings = Cache::builder()
+            .max_capacity(MAX_LOCAL_BINDINGS)
+            .time_to_live(config.dedup_window)
+            .build();
+        Some(Self {
+            window: config.dedup_window,
+            answers,
+            bindings,
+            cluster,
+            clock,
+        })
+    }
+
+    /// The kept answer for a request that says it is a retry, if there is
+    /// one. Binds the request's idempotency key on first sight, and refuses
+    /// a key already bound to another request (422).
+    pub async fn recall_for(
+        &self,
+        marks: &RetryMarks,
+        key: &CacheKey,
+    ) -> Result<Option<Arc<Retained>>, GatewayError> {
+        let repeat = match &marks.idempotency_key {
+            None => false,
+            Some(idempotency_key) => match self.bind(idempotency_key, &key.fingerprint).await {
+                Binding::Conflict => return Err(GatewayError::IdempotencyKeyReused),
+                Binding::Repeat => true,
+                Binding::First => false,
+            },
+        };
+        if !(repeat || marks.sdk_retry) {
+            return Ok(None);
+        }
+        Ok(self.recall(key).await)
+    }
+
+    /// Keeps a completed answer for the window. Called by the flight before
+    /// it publishes its outcome, so a retry that misses the flight finds it.
+    pub async fn remember(
+        &self,
+        key: &CacheKey,
+        response: Arc<StoredResponse>,
+        events: Vec<Bytes>,
+    ) {
+        let answer = Arc::new(Retained {
+            response,
+            events,
+            stored_at_ms: self.clock.now_ms(),
+        });
+        self.answers.insert(key.fingerprint, answer.clone()).await;
+        if let Some(cluster) = &self.cluster {
+            // Best effort: without Redis, retries on this instance still find it.
+            let _ = cluster
+                .put_retained(
+                    key,
+                    &answer.response,
+                    &answer.events,
+                    answer.stored_at_ms,
+                    self.window,
+                )
+                .await;
+        }
+    }
+
+    async fn recall(&self, key: &CacheKey) -> Option<Arc<Retained>> {
+        if let Some(answer) = self.answers.get(&key.fingerprint).await {
+            return Some(answer);
+        }
+        let cluster = self.cluster.as_ref()?;
+        let (response, events, stored_at_ms) = cluster.get_retained(key).await.ok()??;
+        let answer = Arc::new(Retained {
+            response,
+            events,
+            stored_at_ms,
+        });
+        self.answers.insert(key.fingerprint, answer.clone()).await;
+        Some(answer)
+    }
+
+    /// Redis decides when it answers (so two instances agree on who saw a key
+    /// first); this process's memory when it does not.
+    async fn bind(&self, key: &IdempotencyKey, fingerprint: &Fingerprint) -> Binding {
+        if let Some(cluster) = &self.cluster
+            && let Ok(bound) = cluster
+                .bind_idempotency_key(key, fingerprint, self.window)
+                .await
+        {
+            self.bindings
+                .insert(key.clone(), bound.unwrap_or(*fingerprint))
+                .await;
+            return match bound {
+                None => Binding::First,
+                Some(bound) if bound == *fingerprint => Binding::Repeat,
+                Some(_) => Binding::Conflict,
+            };
+        }
+        let entry = self
+            .bindings
+            .entry(key.clone())
+            .or_insert(*fingerprint)
+            .await;
+        if entry.is_fresh() {
+            Binding::First
+        } else if entry.into_value() == *fingerprint {
+            Binding::Repeat
+        } else {
+            Binding::Conflict
+        }
+    }
+}
