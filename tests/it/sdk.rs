@@ -138,31 +138,73 @@ async fn the_sdks_base64_and_float_callers_share_embeddings() {
 
 /// Runs `tests/sdk/<script>` against the gateway; its last stdout line is JSON.
 async fn run_sdk_script(python: &Python, gateway: &TestGateway, script: &str) -> (Value, String) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/sdk")
-        .join(script);
-    let mut command = python.command();
-    command
-        .arg(&script)
-        .arg(format!("{}/v1", gateway.url))
-        // The SDK (httpx) honours proxy variables; loopback must not go through one.
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
-    let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    python.run_script(script, &gateway.url).await
+}
+
+/// The SDK with `timeout=1.0, max_retries=2` against a provider that takes
+/// 1.5 s: the first attempt times out while its flight runs on, and the SDK's
+/// retry (arriving while the flight still runs, or after it finished) gets
+/// that flight's answer. One call was paid for, and the sampled call succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_retry_over_a_slow_provider_is_not_billed_twice() {
+    let python = Python::with_openai().await;
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.set_latency(Duration::from_millis(1500));
+    let (results, stderr) = python
+        .run_script("openai_slow_retry.py", &gateway.url)
+        .await;
+    let context = format!("results: {results}\nstderr: {stderr}");
     assert!(
-        output.status.success(),
-        "the SDK script failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
-        output.status
+        !results["content"].as_str().unwrap_or_default().is_empty(),
+        "{context}"
     );
-    let results: Value = stdout
-        .lines()
-        .rev()
-        .find(|line| !line.trim().is_empty())
-        .and_then(|line| serde_json::from_str(line).ok())
-        .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
-    (results, stderr)
+    // The test means something only if the SDK did give up on an attempt.
+    if let Some(retries) = results["retries_taken"].as_u64() {
+        assert!(retries >= 1, "the SDK never retried; {context}");
+    }
+    assert_eq!(gateway.provider.calls(), 1, "{context}");
+    // The answer the SDK returned came from the first attempt's flight: joined
+    // while it ran, or from the retry window after it finished.
+    assert!(
+        ["COALESCED", "HIT"].contains(&results["cache"].as_str().unwrap_or_default()),
+        "{context}"
+    );
+}
+
+/// As above, with the flight made to finish between the SDK's timeout and its
+/// retry (the provider is held until the first attempt has left, then let
+/// go): the retry arrives after the flight finished, and the retry window,
+/// not a second call, answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_retry_after_the_flight_finished_is_answered_from_the_window() {
+    let python = Python::with_openai().await;
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.hold();
+    let url = gateway.url.clone();
+    let script = tokio::spawn(async move { python.run_script("openai_slow_retry.py", &url).await });
+    gateway.wait_for_calls(1).await;
+    gateway.wait_for_waiters(1).await;
+    // The SDK gave up on its first attempt (timeout=1.0); it backs off before retrying.
+    gateway.wait_for_waiters_at_most(0).await;
+    gateway.provider.release();
+    gateway.wait_idle().await;
+    let (results, stderr) = script.await.expect("the script task ends");
+    let context = format!("results: {results}\nstderr: {stderr}");
+    assert!(
+        !results["content"].as_str().unwrap_or_default().is_empty(),
+        "{context}"
+    );
+    assert_eq!(gateway.provider.calls(), 1, "{context}");
+    // On a machine so loaded that the flight outlived the SDK's back-off, the
+    // retry joined it instead: still one call, the property under test.
+    if results["cache"] == "HIT" {
+        assert_eq!(
+            results["cache_status"], "corral; hit; detail=retry",
+            "{context}"
+        );
+    } else {
+        assert_eq!(results["cache"], "COALESCED", "{context}");
+    }
 }
 
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
@@ -202,6 +244,37 @@ impl Python {
             deps.display()
         );
         installed
+    }
+
+    /// Runs `tests/sdk/<script> <base_url>/v1`; asserts it exited 0 and
+    /// returns its last stdout line as JSON, and its stderr.
+    async fn run_script(&self, script: &str, base_url: &str) -> (Value, String) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/sdk")
+            .join(script);
+        let mut command = self.command();
+        command
+            .arg(&script)
+            .arg(format!("{base_url}/v1"))
+            // The SDK (httpx) honours proxy variables; loopback must not go through one.
+            .env("NO_PROXY", "127.0.0.1,localhost")
+            .env("no_proxy", "127.0.0.1,localhost");
+        let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "the SDK script {} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+            script.display(),
+            output.status
+        );
+        let results: Value = stdout
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .and_then(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
+        (results, stderr)
     }
 
     pub(crate) fn command(&self) -> Command {
