@@ -415,6 +415,58 @@ mod tests {
         assert!(seeded.deterministic && seeded.policy.write);
     }
 
+    fn try_parse(headers: &[(&str, &str)]) -> Result<DedupRequest, GatewayError> {
+        let config = Config::for_tests("http://127.0.0.1:1/v1");
+        let routes = Routes::new(&config.upstreams);
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        DedupRequest::parse(
+            Endpoint::ChatCompletions,
+            &map,
+            None,
+            Bytes::from_static(BODY.as_bytes()),
+            &routes,
+            &names,
+            &config.cache,
+        )
+    }
+
+    #[test]
+    fn retry_marks_are_read_and_neither_keyed_nor_forwarded() {
+        let plain = parse(&[], None, BODY);
+        assert!(!plain.retry.any());
+        for (count, retry) in [("0", false), ("1", true), ("2", true), ("x", false)] {
+            let request = parse(&[("x-stainless-retry-count", count)], None, BODY);
+            assert_eq!(request.retry.sdk_retry, retry, "count {count}");
+            assert_eq!(request.fingerprint, plain.fingerprint);
+        }
+        let keyed = parse(&[("idempotency-key", "k-1")], None, BODY);
+        assert_eq!(keyed.fingerprint, plain.fingerprint);
+        assert!(keyed.forward_headers.is_empty());
+        let quoted = parse(&[("idempotency-key", "\"k-1\"")], None, BODY);
+        assert_eq!(quoted.retry.idempotency_key, keyed.retry.idempotency_key);
+        let other_tenant = parse(
+            &[("idempotency-key", "k-1"), ("authorization", "Bearer sk-b")],
+            None,
+            BODY,
+        );
+        assert_ne!(
+            other_tenant.retry.idempotency_key,
+            keyed.retry.idempotency_key
+        );
+        let long = "k".repeat(256);
+        for bad in ["", "\"\"", long.as_str()] {
+            let err = try_parse(&[("idempotency-key", bad)]).unwrap_err();
+            assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+    }
+
     #[test]
     fn tenants_split_the_fingerprint() {
         let a = parse(&[("authorization", "Bearer sk-a")], None, BODY).fingerprint;

@@ -205,3 +205,121 @@ impl RetryWindow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+    use crate::{
+        clock::ManualClock,
+        fingerprint::{Endpoint, KeyInput, TenantScope},
+    };
+
+    fn key(body: &[u8]) -> CacheKey {
+        let scope = TenantScope::from_stored("t1");
+        let fingerprint = Fingerprint::of(&KeyInput {
+            endpoint: Endpoint::ChatCompletions,
+            upstream: "u",
+            scope: &scope,
+            headers: &[],
+            query: &[],
+            body,
+        });
+        CacheKey { scope, fingerprint }
+    }
+
+    fn window(max_bytes: u64) -> RetryWindow {
+        let config = RetryConfig {
+            dedup_max_bytes: max_bytes,
+            ..RetryConfig::default()
+        };
+        RetryWindow::new(&config, None, Arc::new(ManualClock::new(1_000))).unwrap()
+    }
+
+    fn answer(bytes: usize) -> Arc<StoredResponse> {
+        Arc::new(StoredResponse {
+            status: StatusCode::OK,
+            headers: Vec::new(),
+            body: Bytes::from(vec![b'x'; bytes]),
+            usage: None,
+        })
+    }
+
+    fn marks(sdk_retry: bool, idempotency_key: Option<&str>) -> RetryMarks {
+        RetryMarks {
+            sdk_retry,
+            idempotency_key: idempotency_key
+                .map(|k| IdempotencyKey::of(TenantScope::from_stored("t1"), k.as_bytes())),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_marked_requests_read_it() {
+        let window = window(1 << 20);
+        let k = key(b"a");
+        window.remember(&k, answer(10), Vec::new()).await;
+        assert!(
+            window
+                .recall_for(&marks(false, None), &k)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let retained = window.recall_for(&marks(true, None), &k).await.unwrap();
+        assert_eq!(retained.unwrap().response.body.len(), 10);
+        assert!(
+            window
+                .recall_for(&marks(true, None), &key(b"b"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idempotency_key_reads_from_its_second_sight_and_only_for_its_request() {
+        let window = window(1 << 20);
+        let (a, b) = (key(b"a"), key(b"b"));
+        window.remember(&a, answer(10), Vec::new()).await;
+        let first = window
+            .recall_for(&marks(false, Some("K")), &a)
+            .await
+            .unwrap();
+        assert!(first.is_none(), "a first sight is a first attempt");
+        let repeat = window
+            .recall_for(&marks(false, Some("K")), &a)
+            .await
+            .unwrap();
+        assert!(repeat.is_some());
+        assert!(matches!(
+            window.recall_for(&marks(true, Some("K")), &b).await,
+            Err(GatewayError::IdempotencyKeyReused)
+        ));
+    }
+
+    #[tokio::test]
+    async fn it_is_bounded_in_bytes() {
+        let window = window(64 * 1024);
+        for i in 0..64u32 {
+            let k = key(&i.to_be_bytes());
+            window.remember(&k, answer(4 * 1024), Vec::new()).await;
+        }
+        window.answers.run_pending_tasks().await;
+        assert!(
+            window.answers.weighted_size() <= 64 * 1024,
+            "{} bytes kept",
+            window.answers.weighted_size()
+        );
+        assert!(window.answers.entry_count() < 64);
+    }
+
+    #[test]
+    fn a_window_of_zero_is_off() {
+        let config = RetryConfig {
+            dedup_window: Duration::ZERO,
+            ..RetryConfig::default()
+        };
+        assert!(RetryWindow::new(&config, None, Arc::new(ManualClock::new(0))).is_none());
+    }
+}
