@@ -116,7 +116,11 @@ pub async fn serve(
     };
     // A client's retry receives the answer its earlier attempt paid for.
     let retained = match &app.retry_window {
-        Some(window) => window.recall_for(&request.retry, &key).await?,
+        Some(window) => {
+            window
+                .recall_for(&request.retry, request.policy, &key)
+                .await?
+        }
         None => None,
     };
     if request.stream {

@@ -29,7 +29,7 @@ use crate::{
     config::RetryConfig,
     error::GatewayError,
     fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
-    request::RetryMarks,
+    request::{CachePolicy, RetryMarks},
 };
 
 /// Bytes counted per answer beyond its body and events: headers, map overhead.
@@ -111,10 +111,12 @@ impl RetryWindow {
 
     /// The kept answer for a request that says it is a retry, if there is
     /// one. Binds the request's idempotency key on first sight, and refuses
-    /// a key already bound to another request (422).
+    /// a key already bound to another request (422). `policy.revalidate`
+    /// (`Cache-Control: no-cache`) asks for no stored answer: none is read.
     pub async fn recall_for(
         &self,
         marks: &RetryMarks,
+        policy: CachePolicy,
         key: &CacheKey,
     ) -> Result<Option<Arc<Retained>>, GatewayError> {
         let repeat = match &marks.idempotency_key {
@@ -125,7 +127,7 @@ impl RetryWindow {
                 Binding::First => false,
             },
         };
-        if !(repeat || marks.sdk_retry) {
+        if !(repeat || marks.sdk_retry) || policy.revalidate {
             return Ok(None);
         }
         Ok(self.recall(key).await)
@@ -254,6 +256,24 @@ mod tests {
         }
     }
 
+    impl RetryWindow {
+        async fn recall_for_test(
+            &self,
+            marks: &RetryMarks,
+            key: &CacheKey,
+        ) -> Result<Option<Arc<Retained>>, GatewayError> {
+            self.recall_for(marks, CACHE, key).await
+        }
+    }
+
+    const CACHE: CachePolicy = CachePolicy {
+        read: false,
+        write: false,
+        max_age: None,
+        bypass: false,
+        revalidate: false,
+    };
+
     #[tokio::test]
     async fn only_marked_requests_read_it() {
         let window = window(1 << 20);
@@ -261,19 +281,31 @@ mod tests {
         window.remember(&k, answer(10), Vec::new()).await;
         assert!(
             window
-                .recall_for(&marks(false, None), &k)
+                .recall_for_test(&marks(false, None), &k)
                 .await
                 .unwrap()
                 .is_none()
         );
-        let retained = window.recall_for(&marks(true, None), &k).await.unwrap();
+        let retained = window
+            .recall_for_test(&marks(true, None), &k)
+            .await
+            .unwrap();
         assert_eq!(retained.unwrap().response.body.len(), 10);
         assert!(
             window
-                .recall_for(&marks(true, None), &key(b"b"))
+                .recall_for_test(&marks(true, None), &key(b"b"))
                 .await
                 .unwrap()
                 .is_none()
+        );
+        let no_cache = CachePolicy {
+            revalidate: true,
+            ..CACHE
+        };
+        let skipped = window.recall_for(&marks(true, None), no_cache, &k).await;
+        assert!(
+            skipped.unwrap().is_none(),
+            "no-cache asks for no stored answer"
         );
     }
 
@@ -283,17 +315,17 @@ mod tests {
         let (a, b) = (key(b"a"), key(b"b"));
         window.remember(&a, answer(10), Vec::new()).await;
         let first = window
-            .recall_for(&marks(false, Some("K")), &a)
+            .recall_for_test(&marks(false, Some("K")), &a)
             .await
             .unwrap();
         assert!(first.is_none(), "a first sight is a first attempt");
         let repeat = window
-            .recall_for(&marks(false, Some("K")), &a)
+            .recall_for_test(&marks(false, Some("K")), &a)
             .await
             .unwrap();
         assert!(repeat.is_some());
         assert!(matches!(
-            window.recall_for(&marks(true, Some("K")), &b).await,
+            window.recall_for_test(&marks(true, Some("K")), &b).await,
             Err(GatewayError::IdempotencyKeyReused)
         ));
     }
