@@ -132,6 +132,27 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
         .post("/v1/embeddings", &embedding("and a vector"))
         .await;
     assert_eq!(embedded.status, StatusCode::OK);
+    // A sampled answer and the client's retry of it, absorbed by the retry window.
+    let sampled = serde_json::json!({
+        "model": "gpt-4o-mini",
+        "temperature": 1,
+        "messages": [{"role": "user", "content": "retry me on the page"}],
+    });
+    assert_eq!(
+        gateway.post("/v1/chat/completions", &sampled).await.cache(),
+        "MISS"
+    );
+    let retry = gateway
+        .post_with(
+            "/v1/chat/completions",
+            &sampled,
+            &[("x-stainless-retry-count", "1")],
+        )
+        .await;
+    assert_eq!(
+        retry.header("cache-status"),
+        Some("corral; hit; detail=retry")
+    );
 
     let page = gateway.get("/").await;
     assert_eq!(page.status, StatusCode::OK);
@@ -164,7 +185,8 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
     );
     // Nothing happened between /stats and the browser's reads except its own
     // requests for the page and /stats, which are not counted.
-    assert_eq!(attribute(&dom, "saved-responses", "data-value"), "29");
+    assert_eq!(attribute(&dom, "saved-responses", "data-value"), "30");
+    assert!(dom.contains("1 retries absorbed"), "{dom}");
     assert_eq!(
         attribute(&dom, "saved-responses", "data-value"),
         stats["saved_responses"]["total"].to_string()

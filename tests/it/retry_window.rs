@@ -284,3 +284,32 @@ async fn a_window_of_zero_turns_it_off() {
     assert_eq!(retry.cache(), "MISS");
     assert_eq!(gateway.provider.calls(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_retry_of_a_running_stream_joins_it() {
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.hold();
+    let first = {
+        let handle = gateway.clone_handle();
+        tokio::spawn(async move {
+            handle
+                .post_with(CHAT, &streamed("retry while running"), &[])
+                .await
+        })
+    };
+    gateway.wait_for_calls(1).await;
+    let retry = {
+        let handle = gateway.clone_handle();
+        tokio::spawn(async move {
+            handle
+                .post_with(CHAT, &streamed("retry while running"), &[RETRY])
+                .await
+        })
+    };
+    gateway.wait_for_waiters(2).await;
+    gateway.provider.release();
+    let (first, retry) = (first.await.unwrap(), retry.await.unwrap());
+    assert_eq!((first.cache(), retry.cache()), ("MISS", "COALESCED"));
+    assert_eq!(retry.body, first.body, "the same live events");
+    assert_eq!(gateway.provider.calls(), 1);
+}
