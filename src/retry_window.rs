@@ -1,6 +1,7 @@
-//! The retry window: the answer of every completed flight, sampled or not,
-//! kept for `retry.dedup_window` where only the client's own retries can read
-//! it, so a retry of an attempt the client gave up on (an SDK timeout, a
+//! The retry window: the answer of every completed flight the cache did not
+//! store (a sampled one, by default; a stored one answers retries from the
+//! cache), kept for `retry.dedup_window` where only the client's own retries
+//! can read it, so a retry of an attempt the client gave up on (an SDK timeout, a
 //! dropped connection) receives the answer that attempt paid for instead of
 //! paying again.
 //!

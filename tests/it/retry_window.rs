@@ -116,6 +116,14 @@ async fn an_sdk_retry_after_the_flight_finished_gets_the_paid_answer() {
                 && line.ends_with(" 1")),
         "{metrics}"
     );
+    // A deterministic answer the cache stored answers its retry from the cache.
+    let cached = gateway.post(CHAT, &crate::harness::chat("cached")).await;
+    let cached_retry = gateway
+        .post_with(CHAT, &crate::harness::chat("cached"), &[RETRY])
+        .await;
+    assert_eq!(cached_retry.header("cache-status"), Some("corral; hit"));
+    assert_eq!(cached_retry.body, cached.body);
+    assert_eq!(gateway.provider.calls(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
