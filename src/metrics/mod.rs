@@ -752,7 +752,7 @@ mod tests {
         let tenant = &stats.tenants[0];
         assert_eq!(tenant.name, "team-a");
         assert_eq!(
-            tenant.answers.saved, 2,
+            tenant.answers.saved, 3,
             "a saved answer without usage is still one"
         );
         assert_eq!(tenant.cost_nano_usd.saved, 5_400);
