@@ -459,6 +459,23 @@ fn write_text(out: &mut Vec<u8>, text: &str, normalization: Normalization) {
 }
 
 #[cfg(test)]
+impl CacheKey {
+    /// A chat-completions key of `body` in `scope`, for unit tests of the
+    /// layers that store by key.
+    pub(crate) fn for_tests(scope: TenantScope, body: &[u8]) -> Self {
+        let fingerprint = Fingerprint::of(&KeyInput {
+            endpoint: Endpoint::ChatCompletions,
+            upstream: "u",
+            scope: &scope,
+            headers: &[],
+            query: &[],
+            body,
+        });
+        Self { scope, fingerprint }
+    }
+}
+
+#[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use serde_json::json;

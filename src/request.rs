@@ -333,6 +333,18 @@ mod tests {
     use crate::config::Config;
 
     fn parse(headers: &[(&str, &str)], query: Option<&str>, body: &str) -> DedupRequest {
+        try_parse_with(headers, query, body).unwrap()
+    }
+
+    fn try_parse(headers: &[(&str, &str)]) -> Result<DedupRequest, GatewayError> {
+        try_parse_with(headers, None, BODY)
+    }
+
+    fn try_parse_with(
+        headers: &[(&str, &str)],
+        query: Option<&str>,
+        body: &str,
+    ) -> Result<DedupRequest, GatewayError> {
         let config = Config::for_tests("http://127.0.0.1:1/v1");
         let routes = Routes::new(&config.upstreams);
         let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
@@ -352,7 +364,6 @@ mod tests {
             &names,
             &config.cache,
         )
-        .unwrap()
     }
 
     const BODY: &str =
@@ -413,28 +424,6 @@ mod tests {
             r#"{"model":"m","seed":7,"temperature":0.9,"messages":[]}"#,
         );
         assert!(seeded.deterministic && seeded.policy.write);
-    }
-
-    fn try_parse(headers: &[(&str, &str)]) -> Result<DedupRequest, GatewayError> {
-        let config = Config::for_tests("http://127.0.0.1:1/v1");
-        let routes = Routes::new(&config.upstreams);
-        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        DedupRequest::parse(
-            Endpoint::ChatCompletions,
-            &map,
-            None,
-            Bytes::from_static(BODY.as_bytes()),
-            &routes,
-            &names,
-            &config.cache,
-        )
     }
 
     #[test]

@@ -214,22 +214,10 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::*;
-    use crate::{
-        clock::ManualClock,
-        fingerprint::{Endpoint, KeyInput, TenantScope},
-    };
+    use crate::{clock::ManualClock, fingerprint::TenantScope};
 
     fn key(body: &[u8]) -> CacheKey {
-        let scope = TenantScope::from_stored("t1");
-        let fingerprint = Fingerprint::of(&KeyInput {
-            endpoint: Endpoint::ChatCompletions,
-            upstream: "u",
-            scope: &scope,
-            headers: &[],
-            query: &[],
-            body,
-        });
-        CacheKey { scope, fingerprint }
+        CacheKey::for_tests(TenantScope::from_stored("t1"), body)
     }
 
     fn window(max_bytes: u64) -> RetryWindow {

@@ -293,19 +293,10 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::fingerprint::{Endpoint, Fingerprint, KeyInput, TenantScope};
+    use crate::fingerprint::TenantScope;
 
     fn key(scope: &str, body: &[u8]) -> CacheKey {
-        let scope = TenantScope::from_stored(scope);
-        let fingerprint = Fingerprint::of(&KeyInput {
-            endpoint: Endpoint::ChatCompletions,
-            upstream: "u",
-            scope: &scope,
-            headers: &[],
-            query: &[],
-            body,
-        });
-        CacheKey { scope, fingerprint }
+        CacheKey::for_tests(TenantScope::from_stored(scope), body)
     }
 
     fn entry() -> Entry {

@@ -966,23 +966,13 @@ fn is_connectivity(err: &redis::RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
+    use crate::fingerprint::TenantScope;
 
     #[test]
     fn keys_carry_the_tenant_and_one_hash_tag() {
         let scope = TenantScope::of_credential(None, Some(b"sk-secret"));
-        let fingerprint = Fingerprint::of(&KeyInput {
-            endpoint: Endpoint::ChatCompletions,
-            upstream: "u",
-            scope: &scope,
-            headers: &[],
-            query: &[],
-            body: b"{}",
-        });
-        let key = CacheKey {
-            scope: scope.clone(),
-            fingerprint,
-        };
+        let key = CacheKey::for_tests(scope.clone(), b"{}");
+        let fingerprint = key.fingerprint;
         let keys = Keys::new("corral");
         let entry = keys.entry(&key);
         assert!(entry.starts_with(&format!("corral:v1:{}:resp:{{", scope.as_str())));

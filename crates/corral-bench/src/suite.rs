@@ -541,6 +541,34 @@ impl Bench {
         Ok(report)
     }
 
+    /// The bare server answering the hit's bytes (`bench-baseline`).
+    async fn start_baseline(&self, body_file: &Path) -> anyhow::Result<Service> {
+        let mut command = Command::new(self.options.bin_dir.join("bench-baseline"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--body-file"])
+            .arg(body_file);
+        Service::spawn(
+            "bench-baseline",
+            command,
+            &self.logs.join("bench-baseline.log"),
+            START_DEADLINE,
+            process::url_after("bench-baseline listening on "),
+        )
+        .await
+    }
+
+    /// A second corral with the shipped config's one access-log line per request.
+    async fn start_logged_corral(&self) -> anyhow::Result<Service> {
+        start_corral(
+            &self.options,
+            &self.logs,
+            "corral-logged",
+            &self.mock.ready,
+            &[("CORRAL_LOG__REQUESTS", "true")],
+        )
+        .await
+    }
+
     /// Hit path: a warm key, 64 closed-loop clients, corral against a minimal
     /// server that answers the same bytes.
     async fn hit(&mut self) -> anyhow::Result<ScenarioResult> {
@@ -567,18 +595,7 @@ impl Bench {
         if wrk::available().await {
             return self.hit_with_wrk(&url, &request.body, &body_file).await;
         }
-        let mut command = Command::new(self.options.bin_dir.join("bench-baseline"));
-        command
-            .args(["--listen", "127.0.0.1:0", "--body-file"])
-            .arg(&body_file);
-        let baseline = Service::spawn(
-            "bench-baseline",
-            command,
-            &self.logs.join("bench-baseline.log"),
-            START_DEADLINE,
-            process::url_after("bench-baseline listening on "),
-        )
-        .await?;
+        let baseline = self.start_baseline(&body_file).await?;
 
         let duration = self.seconds(8, 2);
         let hit_scenario = |name: &str, base: String, pid: Option<u32>| {
@@ -608,14 +625,7 @@ impl Bench {
             .await?;
 
         // The shipped config logs one line per request; measure what that costs.
-        let logged = start_corral(
-            &self.options,
-            &self.logs,
-            "corral-logged",
-            &self.mock.ready,
-            &[("CORRAL_LOG__REQUESTS", "true")],
-        )
-        .await?;
+        let logged = self.start_logged_corral().await?;
         let mut logged_scenario = hit_scenario(
             "hit: corral, request log on",
             format!("{}/v1", logged.ready),
@@ -688,26 +698,8 @@ impl Bench {
         let mut result = ScenarioResult::new("hit");
         let request_file = self.logs.join("hit-request.json");
         std::fs::write(&request_file, request_body)?;
-        let mut command = Command::new(self.options.bin_dir.join("bench-baseline"));
-        command
-            .args(["--listen", "127.0.0.1:0", "--body-file"])
-            .arg(body_file);
-        let baseline = Service::spawn(
-            "bench-baseline",
-            command,
-            &self.logs.join("bench-baseline.log"),
-            START_DEADLINE,
-            process::url_after("bench-baseline listening on "),
-        )
-        .await?;
-        let logged = start_corral(
-            &self.options,
-            &self.logs,
-            "corral-logged",
-            &self.mock.ready,
-            &[("CORRAL_LOG__REQUESTS", "true")],
-        )
-        .await?;
+        let baseline = self.start_baseline(body_file).await?;
+        let logged = self.start_logged_corral().await?;
         let path = corral_url
             .strip_prefix(&self.corral_base())
             .context("the hit URL is corral's")?
