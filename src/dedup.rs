@@ -2,7 +2,7 @@
 //! request, hand it to the coalescer with a loader that calls upstream, and
 //! turn what comes back into the caller's response and status headers.
 
-use std::{sync::Arc, time::Duration};
+use std::{borrow::Cow, sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -43,7 +43,7 @@ pub async fn serve(
     query: Option<String>,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
-    let request = DedupRequest::parse(
+    let mut request = DedupRequest::parse(
         endpoint,
         &headers,
         query.as_deref(),
@@ -54,13 +54,15 @@ pub async fn serve(
     )?;
     let fingerprint = request.fingerprint;
     let bill = attribution(&app, &request, &headers);
+    // What goes upstream is moved out of the request, not copied: nothing
+    // below reads it again, and a cache hit should not pay for the copies.
     let outbound = Outbound {
         upstream: request.upstream,
         method: Method::POST,
-        path: endpoint.path().to_owned(),
-        query: request.query.clone(),
-        headers: request.forward_headers.clone(),
-        authorization: request.authorization.clone(),
+        path: Cow::Borrowed(endpoint.path()),
+        query: request.query.take(),
+        headers: std::mem::take(&mut request.forward_headers),
+        authorization: request.authorization.take(),
         body: request.raw_body.clone(),
     };
 

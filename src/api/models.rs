@@ -30,7 +30,7 @@ pub(super) async fn list(app: &AppState, headers: &HeaderMap) -> Result<Response
         let outbound = Outbound {
             upstream,
             method: Method::GET,
-            path: "/models".to_owned(),
+            path: "/models".into(),
             query: None,
             headers: forwarded_headers(headers),
             authorization: headers.get(header::AUTHORIZATION).cloned(),

@@ -77,7 +77,7 @@ pub async fn passthrough(
     let outbound = Outbound {
         upstream,
         method,
-        path: path.below_base().to_owned(),
+        path: path.below_base().to_owned().into(),
         query,
         headers: forwarded_headers(&headers),
         authorization: headers.get(header::AUTHORIZATION).cloned(),

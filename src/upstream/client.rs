@@ -2,6 +2,7 @@
 //! bounded by the upstream's timeouts; `retry` decides whether to try again.
 
 use std::{
+    borrow::Cow,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -57,7 +58,8 @@ pub struct Outbound {
     pub upstream: usize,
     pub method: Method,
     /// Below the base URL, e.g. `/chat/completions`.
-    pub path: String,
+    /// Below the upstream's base URL; the deduplicated endpoints' paths are static.
+    pub path: Cow<'static, str>,
     pub query: Option<String>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The caller's credential, used only when the upstream has no key of its own.
