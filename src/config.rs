@@ -438,6 +438,15 @@ pub struct AuthConfig {
     /// Resolved at load: every accepted key's hash, from `keys` and `keys_env`.
     #[serde(skip)]
     pub key_hashes: Vec<[u8; 32]>,
+    /// SHA-256 hashes (hex) of the admin keys, as `keys`. With any admin key,
+    /// `/metrics`, `/stats`, the savings page and `/admin/*` require one
+    /// (`api/admin.rs`); without, the reports are open and `/admin` is off.
+    pub admin_keys: Vec<String>,
+    /// Variable holding admin keys themselves, comma-separated, as `keys_env`.
+    pub admin_keys_env: Option<String>,
+    /// Resolved at load: every admin key's hash, from `admin_keys` and `admin_keys_env`.
+    #[serde(skip)]
+    pub admin_key_hashes: Vec<[u8; 32]>,
     /// Resolved at load from `tenant_secret_env`.
     #[serde(skip)]
     pub tenant_secret: Option<Secret<Vec<u8>>>,
@@ -476,12 +485,19 @@ pub struct ShutdownConfig {
     /// before their upstream calls are cut.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long corral goes on accepting and serving new
+    /// requests while `/readyz` already answers 503, so a load balancer that
+    /// polls it stops sending before the port closes. Then the drain begins.
+    /// 0 behind Kubernetes with a `preStop` sleep (which does the same).
+    #[serde(with = "humantime_serde")]
+    pub unready_delay: Duration,
 }
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
         Self {
             drain_timeout: Duration::from_secs(30),
+            unready_delay: Duration::from_secs(5),
         }
     }
 }
@@ -686,6 +702,8 @@ impl Config {
         // Tests about other things must not trip the protections; theirs set them.
         config.upstreams[0].breaker_failures = 1_000_000;
         config.retry.budget_min_per_sec = 1_000_000.0;
+        // Tests stop instances often; theirs of readiness set it.
+        config.shutdown.unready_delay = Duration::ZERO;
         config
     }
 
@@ -741,6 +759,41 @@ impl Config {
                     message: "holds no key (auth.keys_env wants comma-separated keys)".into(),
                 });
             }
+        }
+        auth.admin_key_hashes.clear();
+        for (i, hash) in auth.admin_keys.iter().enumerate() {
+            let mut bytes = [0u8; 32];
+            hex::decode_to_slice(hash.trim(), &mut bytes).map_err(|_| {
+                ConfigError::key(
+                    format!("auth.admin_keys[{i}]"),
+                    "must be the SHA-256 of a key, 64 hex digits (printf %s KEY | sha256sum)",
+                )
+            })?;
+            auth.admin_key_hashes.push(bytes);
+        }
+        if let Some(var) = &auth.admin_keys_env {
+            let keys = required(var, "auth.admin_keys_env")?;
+            for key in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+                auth.admin_key_hashes
+                    .push(crate::tenant::key_hash(key.as_bytes()));
+            }
+            if auth.admin_key_hashes.is_empty() {
+                return Err(ConfigError::Env {
+                    var: var.clone(),
+                    message: "holds no key (auth.admin_keys_env wants comma-separated keys)".into(),
+                });
+            }
+        }
+        // A gateway key reaches callers' code; an admin key must not be one.
+        if auth
+            .admin_key_hashes
+            .iter()
+            .any(|admin| auth.key_hashes.contains(admin))
+        {
+            return Err(ConfigError::key(
+                "auth.admin_keys",
+                "an admin key is also a gateway key (auth.keys or auth.keys_env); use a key of its own",
+            ));
         }
         if let Some(var) = &auth.tenant_secret_env {
             let secret = required(var, "auth.tenant_secret_env")?;
@@ -1128,7 +1181,7 @@ fn apply_env_overrides(
 /// any key (`pricing.models` is keyed by model name).
 fn settings_schema() -> Value {
     let mut sample: Config = serde_yaml_ng::from_str(
-        "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\n",
+        "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X, admin_keys: [x], admin_keys_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\n",
     )
     .expect("the settings sample parses");
     sample.redis = Some(RedisConfig {

@@ -112,15 +112,21 @@ pub async fn serve(
         );
         return Ok(response);
     }
-    let key = CacheKey {
-        scope: request.scope.clone(),
-        fingerprint,
-    };
+    // The key the answer lives under: the fingerprint, re-keyed by purges.
+    let key = app.purges.key(
+        CacheKey {
+            scope: request.scope.clone(),
+            fingerprint,
+        },
+        &fingerprint,
+        &request.model,
+        &bill.tenant,
+    );
     // A client's retry receives the answer its earlier attempt paid for.
     let retained = match &app.retry_window {
         Some(window) => {
             window
-                .recall_for(&request.retry, request.policy, &key)
+                .recall_for(&request.retry, request.policy, &fingerprint, &key)
                 .await?
         }
         None => None,

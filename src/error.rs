@@ -85,6 +85,20 @@ pub enum GatewayError {
         "this Idempotency-Key was already used with a different request; send a new key with a new request"
     )]
     IdempotencyKeyReused,
+    /// An operator endpoint without a valid admin key (`auth.admin_keys`); a
+    /// gateway key is not one. The key itself is never echoed.
+    #[error(
+        "this endpoint requires an admin key: send one of auth.admin_keys as `Authorization: Bearer <key>`"
+    )]
+    AdminKeyRequired,
+    /// `/admin/*` while no admin key is configured: the admin API is off.
+    #[error("the admin API is off: set auth.admin_keys or auth.admin_keys_env to turn it on")]
+    AdminDisabled,
+    /// Redis is configured but could not record a purge; nothing was purged.
+    #[error(
+        "the purge could not be recorded in Redis for the other instances; nothing was purged, retry"
+    )]
+    PurgeNotRecorded,
 }
 
 impl GatewayError {
@@ -194,6 +208,21 @@ impl GatewayError {
                 "invalid_request_error",
                 Some("idempotency_key_reused"),
             ),
+            Self::AdminKeyRequired => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("invalid_admin_key"),
+            ),
+            Self::AdminDisabled => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("admin_disabled"),
+            ),
+            Self::PurgeNotRecorded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("purge_not_recorded"),
+            ),
         }
     }
 
@@ -208,7 +237,7 @@ impl GatewayError {
             | Self::RateLimited { retry_after, .. }
             | Self::CircuitOpen { retry_after, .. }
             | Self::Overloaded { retry_after } => Some(*retry_after),
-            Self::ShuttingDown => Some(Duration::from_secs(1)),
+            Self::ShuttingDown | Self::PurgeNotRecorded => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -284,7 +313,7 @@ impl GatewayError {
                 if self.ends_upstream_retries() {
                     headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
                 }
-                if let Self::Unauthorized = self {
+                if let Self::Unauthorized | Self::AdminKeyRequired = self {
                     headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                 }
                 headers.insert(

@@ -112,6 +112,23 @@ impl Fingerprint {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// The key a request's answer is stored under once purges have happened
+    /// (`purge.rs`): this fingerprint with the purge generations that apply to
+    /// it (everything, its model, its tenant, itself; 0 where none), hashed
+    /// under a domain of its own, so it never equals a request's fingerprint
+    /// and a purge re-keys every entry it covers at once. `KEY_VERSION` is
+    /// unchanged: the canonical form did not change, and with no purge the
+    /// key is the fingerprint itself, as before.
+    pub fn with_generations(&self, generations: [u64; 4]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"corral-generation-v1\0");
+        hasher.update(self.0);
+        for generation in generations {
+            hasher.update(generation.to_be_bytes());
+        }
+        Self(hasher.finalize().into())
+    }
 }
 
 impl fmt::Debug for Fingerprint {

@@ -20,6 +20,7 @@ pub mod limits;
 pub mod metrics;
 pub mod passthrough;
 pub mod pricing;
+pub mod purge;
 pub mod request;
 pub mod retry_window;
 pub mod server;

@@ -114,15 +114,20 @@ impl RetryWindow {
     /// one. Binds the request's idempotency key on first sight, and refuses
     /// a key already bound to another request (422). `policy.revalidate`
     /// (`Cache-Control: no-cache`) asks for no stored answer: none is read.
+    ///
+    /// The key is bound to the request's `fingerprint`, the answer read under
+    /// `key` (the fingerprint re-keyed by purges): a retry after a purge is
+    /// the same request, and finds no purged answer.
     pub async fn recall_for(
         &self,
         marks: &RetryMarks,
         policy: CachePolicy,
+        fingerprint: &Fingerprint,
         key: &CacheKey,
     ) -> Result<Option<Arc<Retained>>, GatewayError> {
         let repeat = match &marks.idempotency_key {
             None => false,
-            Some(idempotency_key) => match self.bind(idempotency_key, &key.fingerprint).await {
+            Some(idempotency_key) => match self.bind(idempotency_key, fingerprint).await {
                 Binding::Conflict => return Err(GatewayError::IdempotencyKeyReused),
                 Binding::Repeat => true,
                 Binding::First => false,
@@ -251,7 +256,7 @@ mod tests {
             marks: &RetryMarks,
             key: &CacheKey,
         ) -> Result<Option<Arc<Retained>>, GatewayError> {
-            self.recall_for(marks, CACHE, key).await
+            self.recall_for(marks, CACHE, &key.fingerprint, key).await
         }
     }
 
@@ -291,7 +296,9 @@ mod tests {
             revalidate: true,
             ..CACHE
         };
-        let skipped = window.recall_for(&marks(true, None), no_cache, &k).await;
+        let skipped = window
+            .recall_for(&marks(true, None), no_cache, &k.fingerprint, &k)
+            .await;
         assert!(
             skipped.unwrap().is_none(),
             "no-cache asks for no stored answer"

@@ -39,10 +39,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// their flights get to release Redis locks and answer their callers.
 const CUT_GRACE: Duration = Duration::from_secs(5);
 
-/// Serves the API on `listener` until `shutdown` resolves, then drains: no new
-/// connections, running requests and flights finish (bounded by
-/// `shutdown.drain_timeout`), then whatever still runs is cut. Shared by the
-/// binary and the tests.
+/// Serves the API on `listener` until `shutdown` resolves, then (after
+/// `shutdown.unready_delay`, during which `/readyz` answers 503 and requests
+/// are still served) drains: no new connections, running requests and
+/// flights finish (bounded by `shutdown.drain_timeout`), then whatever still
+/// runs is cut. Shared by the binary and the tests.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -56,10 +57,29 @@ pub async fn serve(
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
+    // Once shutdown begins: `/readyz` answers 503 at once, and new requests
+    // are still accepted for `shutdown.unready_delay`, so a load balancer
+    // polling readiness stops sending before the port closes.
+    let mut unready_until: Option<tokio::time::Instant> = None;
     loop {
         let stream = tokio::select! {
             biased;
-            () = &mut shutdown => break,
+            () = &mut shutdown, if unready_until.is_none() => {
+                state.draining.cancel();
+                let delay = state.config.shutdown.unready_delay;
+                if delay.is_zero() {
+                    break;
+                }
+                tracing::info!(?delay, "shutting down: /readyz answers 503; still accepting for the unready delay");
+                unready_until = Some(tokio::time::Instant::now() + delay);
+                continue;
+            }
+            () = async {
+                match unready_until {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            } => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(err) => {

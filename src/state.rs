@@ -13,13 +13,14 @@ use crate::{
     cache::{CacheStore, MemoryStore, TtlPolicy},
     clock::{Clock, SystemClock},
     cluster::TieredStore,
-    cluster::{Cluster, RedisLedger},
+    cluster::{Cluster, RedisLedger, RedisPurges},
     coalesce::{Coalescer, FlightContext},
     config::Config,
     ledger::{self, LedgerStore},
     limits::Limits,
     metrics::Metrics,
     passthrough::Policy,
+    purge::{PurgeStore, Purges},
     retry_window::RetryWindow,
     sse::LogLimits,
     upstream::{Routes, Upstream},
@@ -61,6 +62,10 @@ pub struct AppState {
     pub cut_upstream: CancellationToken,
     /// The cluster ledger `/stats` reads, when Redis is configured.
     pub ledger: Option<Arc<dyn LedgerStore>>,
+    /// Purge generations: the key every answer is stored and read under.
+    pub purges: Arc<Purges>,
+    /// Cancelled as soon as shutdown begins: `/readyz` answers 503 from then on.
+    pub draining: CancellationToken,
     /// Stops the background loops (Redis subscriber, prober, ledger flusher) with the state.
     _background: DropGuard,
 }
@@ -124,6 +129,17 @@ impl AppState {
             ));
             store
         });
+        let purges = Arc::new(Purges::new(
+            &config,
+            cluster.as_ref().map(|cluster| {
+                let store: Arc<dyn PurgeStore> = Arc::new(RedisPurges::new(cluster.clone()));
+                store
+            }),
+            clock.clone(),
+        ));
+        if cluster.is_some() {
+            tokio::spawn(purges.clone().run_poller(background.clone()));
+        }
         let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
             (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
                 config.cache.max_bytes,
@@ -178,6 +194,8 @@ impl AppState {
             coalescer,
             cluster,
             ledger,
+            purges,
+            draining: CancellationToken::new(),
             retry_window,
             clock,
             tasks,

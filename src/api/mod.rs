@@ -1,6 +1,7 @@
 //! The HTTP surface: routes and thin handlers. Handlers extract, call one
 //! domain function, and return; they never touch the cache or Redis directly.
 
+mod admin;
 mod chat;
 mod dashboard;
 mod health;
@@ -30,10 +31,15 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/{*rest}", any(proxy::passthrough))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(metrics::metrics))
-        .route("/stats", get(stats::stats))
-        .route("/", get(dashboard::dashboard))
-        .route("/dashboard", get(dashboard::dashboard))
+        // The reports and the admin API: behind an admin key when any is set.
+        .merge(admin::protect(
+            Router::new()
+                .route("/metrics", get(metrics::metrics))
+                .route("/stats", get(stats::stats))
+                .route("/", get(dashboard::dashboard))
+                .route("/dashboard", get(dashboard::dashboard)),
+            admin::AdminKeys::new(&state.config.auth.admin_key_hashes),
+        ))
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
         // Outermost: every response, errors and fallbacks included, is

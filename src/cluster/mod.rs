@@ -10,6 +10,7 @@
 mod announce;
 mod connection;
 mod ledger;
+mod purge;
 mod tiered;
 
 use std::{
@@ -34,6 +35,7 @@ pub use announce::Interest;
 use announce::{Dispatch, run_subscriber};
 use connection::LazyConn;
 pub use ledger::{RedisLedger, ledger_key};
+pub use purge::{RedisPurges, purge_key};
 pub use tiered::TieredStore;
 
 use bytes::Bytes;

@@ -54,16 +54,21 @@ pub async fn serve(
     );
     let upstream = &app.upstream_names[request.upstream];
     let keys: Arc<[CacheKey]> = (0..itemized.len())
-        .map(|item| CacheKey {
-            scope: request.scope.clone(),
-            fingerprint: Fingerprint::of(&KeyInput {
-                endpoint: Endpoint::Embeddings,
-                upstream,
-                scope: &request.scope,
-                headers: &request.keyed_headers,
-                query: &request.query_pairs,
-                body: &itemized.item_key_body(item),
-            }),
+        .map(|item| {
+            let key = CacheKey {
+                scope: request.scope.clone(),
+                fingerprint: Fingerprint::of(&KeyInput {
+                    endpoint: Endpoint::Embeddings,
+                    upstream,
+                    scope: &request.scope,
+                    headers: &request.keyed_headers,
+                    query: &request.query_pairs,
+                    body: &itemized.item_key_body(item),
+                }),
+            };
+            // Purges re-key inputs too; by fingerprint, the batch's own.
+            app.purges
+                .key(key, &request.fingerprint, &request.model, &bill.tenant)
         })
         .collect();
     let loader = batch_loader(app.clone(), itemized.clone(), outbound, bill.clone());

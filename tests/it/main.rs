@@ -18,6 +18,7 @@ mod fuzz_corpora;
 mod logs;
 mod metrics;
 mod module_graph;
+mod operate;
 mod pricing;
 mod protection;
 mod retry;
