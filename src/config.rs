@@ -1463,6 +1463,50 @@ mod tests {
     }
 
     #[test]
+    fn admin_keys_load_like_gateway_keys_and_are_never_gateway_keys() {
+        let admin_hash = hex::encode(crate::tenant::key_hash(b"adm-1"));
+        let yaml =
+            format!("{BASE}auth:\n  admin_keys: ['{admin_hash}']\n  admin_keys_env: ADMIN_KEYS\n");
+        let config = Config::load(&yaml, [("ADMIN_KEYS", " adm-2, adm-3 ,")]).unwrap();
+        assert_eq!(
+            config.auth.admin_key_hashes,
+            [b"adm-1".as_slice(), b"adm-2", b"adm-3"].map(crate::tenant::key_hash)
+        );
+        assert!(
+            config.auth.key_hashes.is_empty(),
+            "admin keys admit no /v1 caller"
+        );
+        // From the environment alone, as a Secret would provide it.
+        let config = Config::load(
+            BASE,
+            [
+                ("CORRAL_AUTH__ADMIN_KEYS_ENV", "ADMIN_KEYS"),
+                ("ADMIN_KEYS", "adm-4"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            config.auth.admin_key_hashes,
+            [crate::tenant::key_hash(b"adm-4")]
+        );
+        assert!(!format!("{config:?}").contains("adm-4"));
+        let cases = [
+            ("auth:\n  admin_keys: [nothex]\n", "auth.admin_keys[0]"),
+            ("auth:\n  admin_keys_env: MISSING\n", "MISSING"),
+            (
+                "auth:\n  keys_env: SAME\n  admin_keys_env: SAME\n",
+                "auth.admin_keys",
+            ),
+        ];
+        for (extra, expected) in cases {
+            let err = Config::load(&format!("{BASE}{extra}"), [("SAME", "k-1")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{extra}: {err}");
+        }
+    }
+
+    #[test]
     fn protection_errors_name_the_key() {
         let cases = [
             (

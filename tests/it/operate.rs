@@ -599,3 +599,42 @@ async fn readyz_reports_each_circuit_and_redis_and_stays_200_when_they_fail() {
     assert_eq!(body["status"], "ready");
     assert_eq!(plain.get("/healthz").await.json(), json!({"status": "ok"}));
 }
+
+/// The real binary under a real SIGTERM, with the default `unready_delay`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_under_sigterm_is_unready_at_once_completes_its_request_and_exits_0() {
+    let provider = MockProvider::start(Default::default()).await.unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}'}}\n",
+        provider.base_url()
+    );
+    let mut corral = crate::shutdown::CorralProcess::start(&yaml, &[]).await;
+    let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    assert_eq!(ready(&client, &corral.url).await.0, StatusCode::OK);
+    provider.hold();
+    let running = {
+        let (client, url) = (client.clone(), corral.url.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{url}{PATH}"))
+                .json(&chat("running at SIGTERM"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    assert!(provider.wait_for_calls(1, WAIT).await);
+    corral.signal("TERM");
+    corral.wait_for_log("/readyz answers 503").await;
+    // Within the default 5 s unready delay: still listening, and unready.
+    let (status, body) = ready(&client, &corral.url).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(
+        (body["draining"].clone(), body["in_flight"].clone()),
+        (json!(true), json!(1))
+    );
+    provider.release();
+    assert_eq!(running.await.unwrap(), StatusCode::OK);
+    assert_eq!(corral.exit_code().await, Some(0), "{}", corral.logs());
+}
