@@ -338,6 +338,43 @@ async fn a_purge_during_a_held_flight_does_not_resurrect_its_answer() {
     }
 }
 
+/// An embeddings response's fingerprint names its batch; its inputs are
+/// cached one by one. Purging by that fingerprint re-keys the batch's inputs
+/// for that batch; an input shared with another batch is purged by model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_reach_embeddings_inputs_by_their_batch_and_by_model() {
+    const EMBED: &str = "/v1/embeddings";
+    let gateway = TestGateway::start(with_admin_key).await;
+    let pair = json!({"model": "text-embedding-3-small", "input": ["alpha", "beta"]});
+    let alpha = json!({"model": "text-embedding-3-small", "input": ["alpha"]});
+    let first = gateway.post(EMBED, &pair).await;
+    assert_eq!(first.cache(), "MISS");
+    assert_eq!(gateway.post(EMBED, &pair).await.cache(), "HIT");
+    let fingerprint = first.header("x-corral-fingerprint").unwrap().to_owned();
+
+    purge(&gateway, json!({"fingerprint": fingerprint})).await;
+    let again = gateway.post(EMBED, &pair).await;
+    assert_eq!(
+        again.header("x-corral-items"),
+        Some("hit=0, stale=0, coalesced=0, miss=2"),
+        "the batch's inputs were re-keyed"
+    );
+    assert_eq!(
+        gateway.post(EMBED, &alpha).await.cache(),
+        "HIT",
+        "another batch keeps reading its input"
+    );
+
+    purge(&gateway, json!({"model": "text-embedding-3-small"})).await;
+    let alone = gateway.post(EMBED, &alpha).await;
+    assert_eq!(
+        alone.cache(),
+        "MISS",
+        "a purge by model reaches every input"
+    );
+    assert_eq!(gateway.provider.embedded_inputs(), 5);
+}
+
 #[tokio::test]
 async fn admin_keys_guard_the_reports_and_the_admin_api_and_a_gateway_key_is_not_one() {
     let gateway = TestGateway::start(|config| {
