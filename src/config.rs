@@ -100,6 +100,9 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     #[serde(default)]
     pub passthrough: PassthroughConfig,
+    /// Traces (OpenTelemetry over OTLP/HTTP); off unless an endpoint is set.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// `CORRAL_*` variables that name no setting (Kubernetes' service links,
     /// say): ignored, each logged once as a warning by the binary.
     #[serde(skip)]
@@ -528,6 +531,151 @@ impl Default for LogConfig {
     }
 }
 
+/// Observability exports beyond logs and `/metrics`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    pub otlp: OtlpConfig,
+}
+
+/// OTLP trace export (`traces.rs`). No endpoint: no exporter is built.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// The collector's base OTLP/HTTP URL (`http://collector:4318`); corral
+    /// posts to `{endpoint}/v1/traces`. Absent: `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// when that is set, else traces are off.
+    pub endpoint: Option<String>,
+    pub protocol: OtlpProtocol,
+    /// `service.name` of every span.
+    pub service_name: String,
+    /// Share of traces that start at corral which are recorded (0 to 1); a
+    /// caller's `traceparent` sampled flag decides for its own traces.
+    pub sample_ratio: f64,
+    /// Variable holding extra export headers, `key=value,key2=value2`
+    /// (a collector's auth token): never written in the file.
+    pub headers_env: Option<String>,
+    /// Bound on one export request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Spans are exported in batches at least this often.
+    #[serde(with = "humantime_serde")]
+    pub export_interval: Duration,
+    /// Ended spans waiting for export; beyond it new spans are dropped, so a
+    /// slow collector never slows a request.
+    pub max_queue_spans: usize,
+    /// Resolved at load from `headers_env`.
+    #[serde(skip)]
+    pub headers: Option<Secret<Vec<(String, String)>>>,
+}
+
+/// The OTLP transport. Only OTLP/HTTP with protobuf bodies is built in (a
+/// collector's port 4318); gRPC would add a tonic/h2 client to every build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum OtlpProtocol {
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            protocol: OtlpProtocol::HttpProtobuf,
+            service_name: "corral".to_owned(),
+            sample_ratio: 1.0,
+            headers_env: None,
+            timeout: Duration::from_secs(10),
+            export_interval: Duration::from_secs(5),
+            max_queue_spans: 2048,
+            headers: None,
+        }
+    }
+}
+
+/// The standard OpenTelemetry variable honoured when `telemetry.otlp.endpoint` is absent.
+pub const OTEL_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+impl OtlpConfig {
+    /// The endpoint from `OTEL_EXPORTER_OTLP_ENDPOINT` when the file sets
+    /// none, and the export headers from `headers_env`.
+    fn resolve(&mut self, env: &BTreeMap<&str, &str>) -> Result<(), ConfigError> {
+        if self.endpoint.is_none()
+            && let Some(endpoint) = env.get(OTEL_ENDPOINT_ENV).filter(|e| !e.trim().is_empty())
+        {
+            self.endpoint = Some((*endpoint).to_owned());
+        }
+        if let Some(var) = &self.headers_env {
+            let text = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
+                var: var.clone(),
+                message: "not set, but telemetry.otlp.headers_env names it".into(),
+            })?;
+            let headers = parse_export_headers(text).map_err(|message| ConfigError::Env {
+                var: var.clone(),
+                message,
+            })?;
+            self.headers = Some(Secret::new(headers));
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(endpoint) = &self.endpoint {
+            let url = reqwest::Url::parse(endpoint)
+                .map_err(|err| ConfigError::key("telemetry.otlp.endpoint", err.to_string()))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(ConfigError::key(
+                    "telemetry.otlp.endpoint",
+                    "must be an http or https URL (OTLP/HTTP, a collector's port 4318)",
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(ConfigError::key(
+                "telemetry.otlp.sample_ratio",
+                "must be between 0 and 1",
+            ));
+        }
+        if self.max_queue_spans == 0 {
+            return Err(ConfigError::key(
+                "telemetry.otlp.max_queue_spans",
+                "must be at least 1",
+            ));
+        }
+        if self.timeout.is_zero() || self.export_interval.is_zero() {
+            return Err(ConfigError::key(
+                "telemetry.otlp",
+                "timeout and export_interval must be above 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `key=value,key2=value2` (the `OTEL_EXPORTER_OTLP_HEADERS` format; values
+/// may be percent-encoded), each a valid header. Errors never quote a value.
+fn parse_export_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut headers = Vec::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or("wants key=value pairs separated by commas")?;
+        let name = name.trim();
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| format!("the value of `{name}` is not UTF-8 once decoded"))?;
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!("`{name}` is not a header name"));
+        }
+        if http::HeaderValue::from_str(&value).is_err() {
+            return Err(format!("the value of `{name}` is not a valid header value"));
+        }
+        headers.push((name.to_owned(), value.into_owned()));
+    }
+    Ok(headers)
+}
+
 /// The label a model gets when no price and no literal route names it; reserved.
 pub const OTHER_MODEL: &str = "other";
 
@@ -675,6 +823,7 @@ impl Config {
         config.ignored_env = ignored_env;
         config.resolve_keys(&env)?;
         config.resolve_protection_secrets(&env)?;
+        config.telemetry.otlp.resolve(&env)?;
         config.validate()?;
         Ok(config)
     }
@@ -977,6 +1126,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_protection()?;
         self.validate_exposure()?;
+        self.telemetry.otlp.validate()?;
         if self.upstreams.is_empty() {
             return Err(ConfigError::key(
                 "upstreams",
@@ -1385,6 +1535,110 @@ mod tests {
         let defaults = Config::load(BASE, []).unwrap();
         assert!(defaults.log.requests, "request lines are on by default");
         assert!(defaults.pricing.models.0.is_empty());
+    }
+
+    #[test]
+    fn traces_are_off_unless_an_endpoint_is_configured() {
+        let defaults = Config::load(BASE, []).unwrap();
+        assert_eq!(defaults.telemetry.otlp.endpoint, None, "off by default");
+        assert!(
+            Config::load(EMBEDDED_DEFAULT, [])
+                .unwrap()
+                .telemetry
+                .otlp
+                .endpoint
+                .is_none()
+        );
+
+        // The file's key, its CORRAL_ override, then the standard variable.
+        let yaml = format!("{BASE}telemetry:\n  otlp:\n    endpoint: http://file:4318\n");
+        let from_file = Config::load(&yaml, [(OTEL_ENDPOINT_ENV, "http://otel:4318")]).unwrap();
+        assert_eq!(
+            from_file.telemetry.otlp.endpoint.as_deref(),
+            Some("http://file:4318")
+        );
+        let overridden = Config::load(
+            &yaml,
+            [("CORRAL_TELEMETRY__OTLP__ENDPOINT", "http://env:4318")],
+        )
+        .unwrap();
+        assert_eq!(
+            overridden.telemetry.otlp.endpoint.as_deref(),
+            Some("http://env:4318")
+        );
+        let standard = Config::load(BASE, [(OTEL_ENDPOINT_ENV, "http://otel:4318")]).unwrap();
+        assert_eq!(
+            standard.telemetry.otlp.endpoint.as_deref(),
+            Some("http://otel:4318")
+        );
+        assert!(standard.ignored_env.is_empty());
+
+        let tuned = Config::load(
+            BASE,
+            [
+                ("CORRAL_TELEMETRY__OTLP__ENDPOINT", "https://c:4318"),
+                ("CORRAL_TELEMETRY__OTLP__SAMPLE_RATIO", "0.25"),
+                ("CORRAL_TELEMETRY__OTLP__SERVICE_NAME", "corral-eu"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(tuned.telemetry.otlp.sample_ratio, 0.25);
+        assert_eq!(tuned.telemetry.otlp.service_name, "corral-eu");
+    }
+
+    #[test]
+    fn trace_export_headers_come_from_their_variable_and_stay_secret() {
+        let yaml = format!(
+            "{BASE}telemetry:\n  otlp:\n    endpoint: http://c:4318\n    headers_env: OTLP_AUTH\n"
+        );
+        let config = Config::load(
+            &yaml,
+            [("OTLP_AUTH", "authorization=Bearer%20tok-123, x-team = a")],
+        )
+        .unwrap();
+        let headers = config.telemetry.otlp.headers.as_ref().unwrap();
+        assert_eq!(
+            headers.expose(),
+            &vec![
+                ("authorization".to_owned(), "Bearer tok-123".to_owned()),
+                ("x-team".to_owned(), "a".to_owned()),
+            ]
+        );
+        assert!(
+            !format!("{config:?}").contains("tok-123"),
+            "redacted in Debug"
+        );
+        let missing = Config::load(&yaml, []).unwrap_err().to_string();
+        assert!(missing.contains("OTLP_AUTH"), "{missing}");
+        let bad = Config::load(&yaml, [("OTLP_AUTH", "no-equals-sign-tok-123")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("key=value") && !bad.contains("tok-123"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn trace_settings_are_checked_by_path() {
+        for (otlp, path) in [
+            ("endpoint: ftp://c", "telemetry.otlp.endpoint"),
+            (
+                "{endpoint: 'http://c:4318', sample_ratio: 1.5}",
+                "telemetry.otlp.sample_ratio",
+            ),
+            ("protocol: grpc", "telemetry.otlp.protocol"),
+            ("max_queue_spans: 0", "telemetry.otlp.max_queue_spans"),
+        ] {
+            let otlp = if otlp.starts_with('{') {
+                otlp.to_owned()
+            } else {
+                format!("{{{otlp}}}")
+            };
+            let yaml = format!("{BASE}telemetry:\n  otlp: {otlp}\n");
+            let err = Config::load(&yaml, []).unwrap_err().to_string();
+            assert!(err.contains(path), "{otlp}: {err}");
+        }
     }
 
     #[test]

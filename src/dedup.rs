@@ -54,6 +54,9 @@ pub async fn serve(
     )?;
     let fingerprint = request.fingerprint;
     let bill = attribution(&app, &request, &headers);
+    if app.traces.is_some() {
+        crate::traces::record_request(&request.model, &app.upstream_names[request.upstream]);
+    }
     // What goes upstream is moved out of the request, not copied: nothing
     // below reads it again, and a cache hit should not pay for the copies.
     let outbound = Outbound {
@@ -74,6 +77,9 @@ pub async fn serve(
                 let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
                 let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
                 app.metrics.upstream_usage(&bill, shared.usage);
+                if app.traces.is_some() {
+                    crate::traces::record_answer(shared.usage, &shared.body);
+                }
                 Ok(response_from(&shared))
             }
         }
@@ -164,6 +170,9 @@ pub async fn serve(
         }) => {
             tracing::debug!(cache = status.as_str(), fingerprint = %fingerprint.short_hex(), "served");
             app.metrics.served(&bill, status, shared.usage);
+            if app.traces.is_some() {
+                crate::traces::record_answer(shared.usage, &shared.body);
+            }
             let mut response = response_from(&shared);
             set_status_headers(response.headers_mut(), &request, status, stored, age);
             Ok(response)

@@ -28,6 +28,7 @@ pub mod sse;
 pub mod state;
 pub mod telemetry;
 pub mod tenant;
+pub mod traces;
 pub mod upstream;
 pub mod usage;
 pub mod validate;

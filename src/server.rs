@@ -113,6 +113,12 @@ pub async fn serve(
     if state.flush_ledger().await.is_err() {
         tracing::warn!("the last counts could not be added to the cluster ledger");
     }
+    // Every request span ended with the drain: export what is queued.
+    if let Some(traces) = &state.traces
+        && let Err(err) = traces.shutdown().await
+    {
+        tracing::warn!(error = %err, "the last spans could not be exported");
+    }
     Ok(())
 }
 

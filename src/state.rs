@@ -23,6 +23,7 @@ use crate::{
     purge::{PurgeStore, Purges},
     retry_window::RetryWindow,
     sse::LogLimits,
+    traces::Traces,
     upstream::{Routes, Upstream},
 };
 
@@ -66,6 +67,8 @@ pub struct AppState {
     pub purges: Arc<Purges>,
     /// Cancelled as soon as shutdown begins: `/readyz` answers 503 from then on.
     pub draining: CancellationToken,
+    /// Trace export (`telemetry.otlp`); `None`: off, nothing built, nothing paid.
+    pub traces: Option<Traces>,
     /// Stops the background loops (Redis subscriber, prober, ledger flusher) with the state.
     _background: DropGuard,
 }
@@ -199,6 +202,7 @@ impl AppState {
             retry_window,
             clock,
             tasks,
+            traces: Traces::start(&config.telemetry.otlp)?,
             config,
             _background: background.drop_guard(),
         })

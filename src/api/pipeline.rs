@@ -26,6 +26,7 @@ use axum::{
 };
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use opentelemetry::context::FutureExt as _;
 use tokio::sync::OwnedSemaphorePermit;
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::Instrument;
@@ -35,6 +36,7 @@ use crate::{
     error::GatewayError,
     fingerprint::Endpoint,
     state::AppState,
+    traces,
 };
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -109,32 +111,65 @@ where
             path = %path,
         );
         let in_span = span.clone();
-        Box::pin(
-            async move {
-                let mut response = if admitted {
-                    match admit(&app, request).await {
-                        Ok((request, permit)) => {
-                            let response = inner.oneshot(request).await;
-                            drop(permit);
-                            response.unwrap_or_else(|never| match never {})
-                        }
-                        Err(error) => error.into_response(),
+        // With traces on, the server span (continuing the caller's
+        // `traceparent`) is the context the request runs in; off, nothing.
+        let traced = app.traces.as_ref().map(|traces| {
+            traces.request_context(
+                request.method(),
+                path,
+                request.headers(),
+                endpoint.map(traces::operation_name),
+                id.to_str().unwrap_or_default(),
+            )
+        });
+        let is_traced = traced.is_some();
+        let serve = async move {
+            let mut response = if admitted {
+                match admit(&app, request).await {
+                    Ok((request, permit)) => {
+                        let response = inner.oneshot(request).await;
+                        drop(permit);
+                        response.unwrap_or_else(|never| match never {})
                     }
-                } else {
-                    inner
-                        .oneshot(request)
-                        .await
-                        .unwrap_or_else(|never| match never {})
-                };
-                record(&app, &span, endpoint, &response, started.elapsed());
-                response
-                    .headers_mut()
-                    .insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
-                Ok(response)
+                    Err(error) => error.into_response(),
+                }
+            } else {
+                inner
+                    .oneshot(request)
+                    .await
+                    .unwrap_or_else(|never| match never {})
+            };
+            record(&app, &span, endpoint, &response, started.elapsed());
+            if is_traced {
+                response = finish_trace(response, endpoint.is_some());
             }
-            .instrument(in_span),
-        )
+            response
+                .headers_mut()
+                .insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
+            Ok(response)
+        }
+        .instrument(in_span);
+        match traced {
+            None => Box::pin(serve),
+            Some(context) => Box::pin(serve.with_context(context)),
+        }
     }
+}
+
+/// The response's status, cache status and fingerprint prefix on the request
+/// span, which then ends with the response body.
+fn finish_trace(response: Response, deduplicated: bool) -> Response {
+    let headers = response.headers();
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let cache = text(CACHE_HEADER)
+        .or(deduplicated.then_some("ERROR"))
+        .map(str::to_owned);
+    let fingerprint = text(FINGERPRINT_HEADER).map(str::to_owned);
+    traces::finish_request(response, cache.as_deref(), fingerprint.as_deref())
 }
 
 /// Counts the request by its `x-corral-cache` (none: `ERROR`) and writes its

@@ -295,26 +295,31 @@ impl Coalescer {
         let (sender, receiver) = oneshot::channel();
         let context = self.context.clone();
         let span = tracing::info_span!("flight", items = guards.len());
-        self.tasks.spawn(
-            async move {
-                let owned: Vec<usize> = guards.iter().map(|(i, _)| *i).collect();
-                let result = run_batch(context, keys, owned, policy, loader).await;
-                match &result {
-                    Ok(outcome) => {
-                        let mut guards: HashMap<usize, FlightGuard> = guards.into_iter().collect();
-                        for (i, fetched) in &outcome.items {
-                            if let Some(guard) = guards.remove(i) {
-                                guard.complete(Ok(fetched.clone()));
-                            }
+        let traced = crate::traces::batch_context(guards.len());
+        let batch = async move {
+            let owned: Vec<usize> = guards.iter().map(|(i, _)| *i).collect();
+            let result = run_batch(context, keys, owned, policy, loader).await;
+            match &result {
+                Ok(outcome) => {
+                    let mut guards: HashMap<usize, FlightGuard> = guards.into_iter().collect();
+                    for (i, fetched) in &outcome.items {
+                        if let Some(guard) = guards.remove(i) {
+                            guard.complete(Ok(fetched.clone()));
                         }
                     }
-                    // Nothing recorded, nothing stored: other callers' items elect anew.
-                    Err(_) => drop(guards),
                 }
-                let _ = sender.send(result);
+                // Nothing recorded, nothing stored: other callers' items elect anew.
+                Err(_) => drop(guards),
             }
-            .instrument(span),
-        );
+            let _ = sender.send(result);
+        }
+        .instrument(span);
+        match traced {
+            None => self.tasks.spawn(batch),
+            Some(cx) => self
+                .tasks
+                .spawn(opentelemetry::context::FutureExt::with_context(batch, cx)),
+        };
         receiver
     }
 }

@@ -8,6 +8,7 @@ mod flight;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
+use opentelemetry::context::FutureExt as _;
 use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -30,6 +31,7 @@ use crate::{
     request::CachePolicy,
     retry_window::RetryWindow,
     sse::StreamLog,
+    traces::{self, FlightRole},
 };
 
 /// How many times waiters of abandoned flights elect a new owner before giving up.
@@ -197,13 +199,14 @@ impl Coalescer {
             )?;
             let (ticket, owner) = match joined {
                 Role::Owner(guard, ticket) => {
-                    self.spawn_flight(guard, key.clone(), policy, loader.clone(), live);
+                    self.spawn_flight(guard, key.clone(), policy, loader.clone(), live, false);
                     (ticket, true)
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
             match ticket.wait_for(deadline, live).await {
                 Waited::Live(live) => {
+                    traces::set_flight_role(flight_role(owner, live.remote));
                     let status = if owner && !live.remote {
                         CacheStatus::Miss
                     } else {
@@ -215,6 +218,10 @@ impl Coalescer {
                     });
                 }
                 Waited::Done(Ok(fetched)) => {
+                    traces::set_flight_role(flight_role(
+                        owner,
+                        fetched.source == Source::OtherInstance,
+                    ));
                     let status = match (owner, fetched.source) {
                         (_, Source::Cache) => CacheStatus::Hit,
                         (true, Source::Upstream) => CacheStatus::Miss,
@@ -229,7 +236,10 @@ impl Coalescer {
                         age: None,
                     }));
                 }
-                Waited::Done(Err(error)) => return Err(error),
+                Waited::Done(Err(error)) => {
+                    traces::set_flight_role(flight_role(owner, false));
+                    return Err(error);
+                }
                 Waited::TimedOut => {
                     drop(ticket);
                     return self.on_wait_timeout(&key, policy, &loader, owner).await;
@@ -286,7 +296,7 @@ impl Coalescer {
                 bypass: false,
                 revalidate: false,
             };
-            self.spawn_flight(guard, key, policy, loader, false);
+            self.spawn_flight(guard, key, policy, loader, false, true);
         }
     }
 
@@ -299,17 +309,24 @@ impl Coalescer {
         policy: CachePolicy,
         loader: Loader,
         live: bool,
+        refresh: bool,
     ) {
         let context = self.context.clone();
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
+        // With traces, the flight's span is a child of the request that
+        // started it (the owner, or the hit that triggered a refresh).
+        let kind = if refresh { "refresh" } else { "request" };
+        let traced = traces::flight_context(&guard.fingerprint(), kind);
         let publisher = guard.stream_publisher().with_live(live);
-        self.tasks.spawn(
-            async move {
-                let outcome = run_flight(&context, &key, policy, loader, publisher).await;
-                guard.complete(outcome);
-            }
-            .instrument(span),
-        );
+        let flight = async move {
+            let outcome = run_flight(&context, &key, policy, loader, publisher).await;
+            guard.complete(outcome);
+        }
+        .instrument(span);
+        match traced {
+            None => self.tasks.spawn(flight),
+            Some(cx) => self.tasks.spawn(flight.with_context(cx)),
+        };
     }
 }
 
@@ -400,6 +417,15 @@ async fn load_and_store(
         stored,
         source: Source::Upstream,
     })
+}
+
+/// A caller's part in the flight it waited on, for its trace.
+fn flight_role(owner: bool, from_other_instance: bool) -> FlightRole {
+    match (owner, from_other_instance) {
+        (_, true) => FlightRole::RemoteFollower,
+        (true, false) => FlightRole::Owner,
+        (false, false) => FlightRole::Follower,
+    }
 }
 
 fn served_from(entry: &Entry, status: CacheStatus, now_ms: u64) -> Served {

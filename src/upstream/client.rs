@@ -13,6 +13,7 @@ use std::{
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 
+use opentelemetry::context::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -24,6 +25,7 @@ use crate::{
     config::{Config, RetryConfig, Secret},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
+    traces,
 };
 
 /// A provider as the client needs it.
@@ -148,28 +150,42 @@ impl Upstream {
     /// the circuit breaker, the rate cap and the concurrency cap, reports to
     /// the breaker, and a retry happens only while the retry budget allows.
     /// The shutdown cut ends it at once.
+    ///
+    /// With traces, each attempt is a client span under the current span, and
+    /// the request it sends carries that span's `traceparent`.
     async fn protected<T, F, Fut>(
         &self,
-        upstream: usize,
+        outbound: &Outbound,
         mut attempt: F,
     ) -> (Result<T, GatewayError>, usize)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
     {
-        let guard = &self.targets[upstream].guard;
+        let target = &self.targets[outbound.upstream];
+        let guard = &target.guard;
         let max_attempts = self.retry.max_attempts;
         let made = AtomicUsize::new(0);
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;
             let call = attempt();
+            let traced = traces::attempt_context(n, &outbound.method, &target.base, &target.name);
             async move {
                 if n == 1 {
                     guard.budget.record_first();
                 }
                 let ticket = guard.admit().map_err(AttemptError::fatal)?;
                 let _place = guard.acquire().await;
-                let result = call.await;
+                let result = match &traced {
+                    None => call.await,
+                    Some(cx) => call.with_context(cx.clone()).await,
+                };
+                if let Some(cx) = &traced {
+                    traces::end_attempt(
+                        cx,
+                        result.as_ref().err().map(|err| outcome_label(&err.error)),
+                    );
+                }
                 match &result {
                     Err(err) if is_upstream_failure(&err.error) => {
                         ticket.failure();
@@ -241,7 +257,7 @@ impl Upstream {
         outbound: &Outbound,
     ) -> (Result<(StatusCode, HeaderMap, Bytes), GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
-        self.protected(outbound.upstream, || async {
+        self.protected(outbound, || async {
             let response = self
                 .send_once(outbound, Some(target.request_timeout))
                 .await?;
@@ -296,7 +312,7 @@ impl Upstream {
         outbound: &Outbound,
     ) -> (Result<reqwest::Response, GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
-        self.protected(outbound.upstream, || async {
+        self.protected(outbound, || async {
             let response = self.send_once(outbound, None).await?;
             let status = response.status();
             if status.is_success() {
@@ -343,6 +359,11 @@ impl Upstream {
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
+        if traces::active() {
+            let mut trace_headers = HeaderMap::new();
+            traces::inject(&mut trace_headers);
+            request = request.headers(trace_headers);
+        }
         if !outbound.body.is_empty() || outbound.method == Method::POST {
             request = request.body(outbound.body.clone());
         }
@@ -356,7 +377,9 @@ impl Upstream {
                 }));
             }
         };
-        response.map_err(|err| classify_send_error(err, &target.name))
+        let response = response.map_err(|err| classify_send_error(err, &target.name))?;
+        traces::record_upstream_status(response.status());
+        Ok(response)
     }
 
     async fn read_body(

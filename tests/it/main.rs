@@ -28,3 +28,4 @@ mod shutdown;
 mod slowloris;
 mod streaming;
 mod swr;
+mod traces;
