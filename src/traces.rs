@@ -268,14 +268,18 @@ fn with_recording_span(f: impl FnOnce(&opentelemetry::trace::SpanRef<'_>)) {
 }
 
 /// The model asked for and the upstream it was routed to, on the request span.
+///
+/// The provider is the upstream's configured name: corral speaks one wire
+/// format to every upstream, and only the operator knows whether it is
+/// OpenAI itself or a compatible server (name it `openai`, `azure.ai.openai`,
+/// ... to match the semantic conventions' well-known values). `gen_ai.system`
+/// is the older name of the same attribute, for backends that read only it.
 pub fn record_request(model: &str, upstream: &str) {
     with_recording_span(|span| {
         span.set_attributes([
             KeyValue::new("gen_ai.request.model", model.to_owned()),
-            // corral speaks the OpenAI wire format to every upstream.
-            KeyValue::new("gen_ai.provider.name", "openai"),
-            KeyValue::new("gen_ai.system", "openai"),
-            KeyValue::new("corral.upstream", upstream.to_owned()),
+            KeyValue::new("gen_ai.provider.name", upstream.to_owned()),
+            KeyValue::new("gen_ai.system", upstream.to_owned()),
         ]);
     });
 }

@@ -7,6 +7,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use axum::{Router, body::Bytes, extract::State, http::HeaderMap, routing::post};
@@ -20,7 +21,11 @@ use prost::Message as _;
 use serde_json::json;
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::harness::{TestGateway, WAIT};
+use crate::{
+    cluster::redis_config,
+    harness::{Fleet, TestGateway, WAIT},
+    redis_server::RedisServer,
+};
 
 const CHAT: &str = "/v1/chat/completions";
 /// The W3C example trace: the caller's trace id and its own span id.
@@ -247,7 +252,8 @@ async fn each_request_is_one_trace_that_continues_the_callers_and_reaches_the_pr
         ("corral.fingerprint", &fingerprint[..12]),
         ("corral.flight.role", "owner"),
         ("gen_ai.operation.name", "chat"),
-        ("gen_ai.provider.name", "openai"),
+        ("gen_ai.provider.name", "mock"),
+        ("gen_ai.system", "mock"),
         ("gen_ai.request.model", "gpt-4o-mini"),
         ("gen_ai.response.model", answer["model"].as_str().unwrap()),
         (
@@ -339,8 +345,15 @@ async fn retries_are_sibling_attempt_spans_and_followers_name_the_flight() {
     assert_eq!(statuses, ["COALESCED", "MISS"]);
     let herd_fingerprint = replies[0].header("x-corral-fingerprint").unwrap()[..12].to_owned();
 
+    // A streamed answer: traced like a buffered one.
+    let mut streamed = chat("streamed");
+    streamed["stream"] = json!(true);
+    let stream = gateway.post(CHAT, &streamed).await;
+    assert_eq!(stream.status, 200);
+    assert!(String::from_utf8_lossy(&stream.body).contains("[DONE]"));
+
     gateway.stop().await;
-    let spans = collector.spans(3 + 2 + 3).await;
+    let spans = collector.spans(4 + 4 + 3).await;
 
     let attempts = of_kind(&spans, SpanKind::Client);
     let retry_attempts: Vec<_> = attempts
@@ -396,6 +409,50 @@ async fn retries_are_sibling_attempt_spans_and_followers_name_the_flight() {
             .any(|s| s.trace_id == follower.trace_id && s.kind == SpanKind::Client),
         "a follower makes no upstream call"
     );
+
+    let stream_span = of_kind(&spans, SpanKind::Server)
+        .into_iter()
+        .find(|s| {
+            s.attr("corral.fingerprint") == stream.header("x-corral-fingerprint").map(|f| &f[..12])
+        })
+        .expect("the streamed request's span");
+    assert_eq!(stream_span.attr("corral.cache.status"), Some("MISS"));
+    assert_eq!(stream_span.attr("corral.flight.role"), Some("owner"));
+    assert_eq!(
+        stream_span.attr("gen_ai.request.model"),
+        Some("gpt-4o-mini")
+    );
+    let stream_attempt = spans
+        .iter()
+        .find(|s| s.trace_id == stream_span.trace_id && s.kind == SpanKind::Client)
+        .expect("the streamed call's attempt");
+    let stream_flight = spans
+        .iter()
+        .find(|s| s.span_id == stream_attempt.parent)
+        .expect("the attempt's parent");
+    assert_eq!(stream_flight.name, "corral.flight");
+    assert_eq!(stream_flight.parent, stream_span.span_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_costs_requests_nothing() {
+    // A port nothing listens on: every export is refused.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let gateway = TestGateway::start(move |config| {
+        config.telemetry.otlp.endpoint = Some(endpoint);
+    })
+    .await;
+    for i in 0..3 {
+        let reply = gateway.post(CHAT, &chat(&format!("down {i}"))).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.cache(), "MISS");
+    }
+    let traces = gateway.state.traces.as_ref().expect("traces are on");
+    assert!(traces.flush().await.is_err(), "the export is refused");
+    // Shutdown still completes (`stop` bounds it by WAIT).
+    gateway.stop().await;
 }
 
 #[tokio::test]
@@ -414,4 +471,106 @@ async fn without_an_endpoint_nothing_is_built_and_nothing_is_forwarded() {
         None,
         "off: the header allowlist is unchanged"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_answered_by_another_instances_flight_is_a_remote_follower() {
+    let collector = Collector::start().await;
+    let redis = RedisServer::spawn().await;
+    let endpoint = collector.url.clone();
+    let fleet = Fleet::start(2, |config| {
+        let mut redis_config = redis_config(&redis.url());
+        // Lock attempts are the only scripts Redis runs in this test: no
+        // lease extension and no ledger flush while it lasts.
+        redis_config.lock_ttl = Duration::from_secs(300);
+        config.redis = Some(redis_config);
+        config.ledger.flush_interval = Duration::from_secs(3600);
+        config.telemetry.otlp.endpoint = Some(endpoint.clone());
+    })
+    .await;
+    let (owner, remote) = (&fleet.instances[0], &fleet.instances[1]);
+
+    fleet.provider.hold();
+    let body = chat("across instances");
+    let first = {
+        let handle = owner.clone_handle();
+        let body = body.clone();
+        tokio::spawn(async move { handle.post_with(CHAT, &body, &[]).await })
+    };
+    owner.wait_for_calls(1).await;
+    let locks_before = script_calls(&redis).await;
+    let second = {
+        let handle = remote.clone_handle();
+        let body = body.clone();
+        tokio::spawn(async move { handle.post_with(CHAT, &body, &[]).await })
+    };
+    // Released only once the second instance has tried the lock (and lost
+    // it to the first), so it follows that flight rather than finding its
+    // stored answer.
+    tokio::time::timeout(WAIT, async {
+        while script_calls(&redis).await <= locks_before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the second instance contends for the lock");
+    fleet.provider.release();
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!(first.cache(), "MISS");
+    assert_eq!(second.cache(), "COALESCED");
+    assert_eq!(
+        fleet.provider.calls(),
+        1,
+        "one upstream call for both instances"
+    );
+
+    for instance in fleet.instances {
+        instance.stop().await;
+    }
+    // The owner's server, flight and attempt spans; the remote follower's
+    // server span and its flight's (which followed through Redis).
+    let spans = collector.spans(5).await;
+    let servers = of_kind(&spans, SpanKind::Server);
+    let role = |reply: &crate::harness::Reply| {
+        let prefix = &reply.header("x-corral-fingerprint").unwrap()[..12];
+        let cache = reply.cache();
+        servers
+            .iter()
+            .find(|s| {
+                s.attr("corral.fingerprint") == Some(prefix)
+                    && s.attr("corral.cache.status") == Some(cache)
+            })
+            .and_then(|s| s.attr("corral.flight.role"))
+            .map(str::to_owned)
+    };
+    assert_eq!(role(&first).as_deref(), Some("owner"), "{spans:#?}");
+    assert_eq!(
+        role(&second).as_deref(),
+        Some("remote_follower"),
+        "{spans:#?}"
+    );
+    assert_eq!(
+        of_kind(&spans, SpanKind::Client).len(),
+        1,
+        "only the owner's instance called upstream"
+    );
+}
+
+/// Scripts Redis has run (`EVALSHA` and `EVAL` in `INFO commandstats`): a
+/// lock attempt is one.
+async fn script_calls(redis: &RedisServer) -> u64 {
+    let mut conn = redis.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|command| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        })
+        .sum()
 }
