@@ -94,9 +94,13 @@ pub async fn serve(
         return Ok(response);
     }
     if endpoint == Endpoint::Embeddings {
+        let traced = app.traces.is_some();
         let answer = embeddings::serve(app, &request, outbound, bill).await;
         let mut response = match answer {
             Ok(answer) => {
+                if traced {
+                    crate::traces::record_answer(Usage::from_body(&answer.body), &answer.body);
+                }
                 let mut response = (StatusCode::OK, Body::from(answer.body)).into_response();
                 let headers = response.headers_mut();
                 headers.insert(

@@ -111,9 +111,10 @@ where
             path = %path,
         );
         let in_span = span.clone();
-        // With traces on, the server span (continuing the caller's
-        // `traceparent`) is the context the request runs in; off, nothing.
-        let traced = app.traces.as_ref().map(|traces| {
+        // With traces on, an API request's server span (continuing the
+        // caller's `traceparent`) is the context it runs in; probes, scrapes
+        // and the dashboard are not traced. Off, nothing.
+        let traced = app.traces.as_ref().filter(|_| admitted).map(|traces| {
             traces.request_context(
                 request.method(),
                 path,

@@ -206,6 +206,8 @@ async fn each_request_is_one_trace_that_continues_the_callers_and_reaches_the_pr
     );
     let hit = gateway.post(CHAT, &chat(PROMPT)).await;
     assert_eq!(hit.cache(), "HIT");
+    // Probes are not traced.
+    assert_eq!(gateway.get("/healthz").await.status, 200);
     let fingerprint = miss.header("x-corral-fingerprint").unwrap().to_owned();
     let answer = miss.json();
 
@@ -318,7 +320,7 @@ async fn each_request_is_one_trace_that_continues_the_callers_and_reaches_the_pr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retries_are_sibling_attempt_spans_and_followers_name_the_flight() {
+async fn retries_followers_streams_and_batches_have_their_spans() {
     let collector = Collector::start().await;
     let gateway = traced_gateway(&collector).await;
 
@@ -352,8 +354,18 @@ async fn retries_are_sibling_attempt_spans_and_followers_name_the_flight() {
     assert_eq!(stream.status, 200);
     assert!(String::from_utf8_lossy(&stream.body).contains("[DONE]"));
 
+    // Embeddings: the batch flight and its call, under the request.
+    let embedded = gateway
+        .post(
+            "/v1/embeddings",
+            &json!({"model": "text-embedding-3-small", "input": ["one", "two"]}),
+        )
+        .await;
+    assert_eq!(embedded.status, 200);
+    assert_eq!(embedded.cache(), "MISS");
+
     gateway.stop().await;
-    let spans = collector.spans(4 + 4 + 3).await;
+    let spans = collector.spans(4 + 4 + 3 + 3).await;
 
     let attempts = of_kind(&spans, SpanKind::Client);
     let retry_attempts: Vec<_> = attempts
@@ -432,6 +444,31 @@ async fn retries_are_sibling_attempt_spans_and_followers_name_the_flight() {
         .expect("the attempt's parent");
     assert_eq!(stream_flight.name, "corral.flight");
     assert_eq!(stream_flight.parent, stream_span.span_id);
+
+    let embeddings = of_kind(&spans, SpanKind::Server)
+        .into_iter()
+        .find(|s| s.attr("gen_ai.operation.name") == Some("embeddings"))
+        .expect("the embeddings request's span");
+    assert_eq!(embeddings.attr("http.route"), Some("/v1/embeddings"));
+    assert_eq!(
+        embeddings.attr("gen_ai.usage.input_tokens"),
+        Some(
+            embedded.json()["usage"]["prompt_tokens"]
+                .to_string()
+                .as_str()
+        )
+    );
+    let batch = spans
+        .iter()
+        .find(|s| s.name == "corral.flight" && s.parent == embeddings.span_id)
+        .expect("the batch flight");
+    assert_eq!(batch.attr("corral.flight.items"), Some("2"));
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.kind == SpanKind::Client && s.parent == batch.span_id),
+        "the batch's upstream call"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
