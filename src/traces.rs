@@ -15,10 +15,10 @@
 //! request span; every upstream attempt is a client span under whatever span
 //! is current (the flight, or the request for `no-store` and pass-through
 //! calls), and its context is what goes upstream as `traceparent`. So a
-//! coalesced flight carries its owner's trace. A follower's request span is
-//! not linked to the owner's trace: it carries `corral.flight.role =
-//! follower` and the same `corral.fingerprint` prefix as the flight's span,
-//! which is how a backend finds the flight it waited on.
+//! coalesced flight carries its owner's trace. A follower's request span
+//! stays in its own trace (its caller's) and links to the flight's span; a
+//! remote follower (answered through Redis) shares only the
+//! `corral.fingerprint` prefix with the owner's flight span.
 //!
 //! Spans never hold prompt text, credentials or a full fingerprint: only
 //! 12 hex digits of it, the model names, token counts and statuses.
@@ -43,7 +43,9 @@ use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use opentelemetry::{
     Context, KeyValue,
     propagation::TextMapPropagator,
-    trace::{SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _},
+    trace::{
+        Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+    },
 };
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
@@ -315,9 +317,28 @@ fn saturating_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Names a flight's span (its trace and span id) for followers to link to.
+#[derive(Debug, Clone)]
+pub struct FlightTrace(SpanContext);
+
+/// Links the current request span to the flight it waited on (a follower's
+/// trace is its own; the link leads to the owner's).
+pub fn link_flight(flight: &FlightTrace) {
+    with_recording_span(|span| {
+        span.add_link(
+            flight.0.clone(),
+            vec![KeyValue::new("corral.link", "coalesced_into")],
+        );
+    });
+}
+
 /// The context a flight runs in: a `corral.flight` span whose parent is the
-/// current (owner's) request span. `None` without traces.
-pub fn flight_context(fingerprint: &Fingerprint, kind: &'static str) -> Option<Context> {
+/// current (owner's) request span, and its name for followers' links. `None`
+/// without traces.
+pub fn flight_context(
+    fingerprint: &Fingerprint,
+    kind: &'static str,
+) -> Option<(Context, FlightTrace)> {
     Context::map_current(|cx| {
         let scope = cx.get::<Scope>()?;
         let prefix = fingerprint.short_hex();
@@ -330,7 +351,8 @@ pub fn flight_context(fingerprint: &Fingerprint, kind: &'static str) -> Option<C
                 KeyValue::new("corral.flight.kind", kind),
             ])
             .start_with_context(&*scope.tracer, cx);
-        Some(cx.with_span(span))
+        let name = FlightTrace(span.span_context().clone());
+        Some((cx.with_span(span), name))
     })
 }
 

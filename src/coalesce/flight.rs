@@ -9,7 +9,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, OnceLock,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -18,7 +18,7 @@ use std::{
 use tokio::sync::{Notify, watch};
 
 use super::Fetched;
-use crate::{error::GatewayError, fingerprint::Fingerprint, sse::StreamLog};
+use crate::{error::GatewayError, fingerprint::Fingerprint, sse::StreamLog, traces::FlightTrace};
 
 /// What a flight ends with, shared by every waiter: both sides are `Arc`s, so
 /// relaying it to a thousand callers copies no body.
@@ -30,6 +30,8 @@ struct Flight {
     /// The live event log, once a streamed flight's upstream stream has begun.
     stream: watch::Receiver<Option<LiveLog>>,
     waiters: AtomicUsize,
+    /// The flight's span, when traced: followers link to it.
+    trace: OnceLock<FlightTrace>,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +117,7 @@ impl Flights {
             result,
             stream,
             waiters: AtomicUsize::new(0),
+            trace: OnceLock::new(),
         });
         map.insert(fingerprint, flight.clone());
         let guard = FlightGuard {
@@ -256,6 +259,11 @@ impl FlightGuard {
         self.fingerprint
     }
 
+    /// Names the flight's span, for its followers' traces to link to.
+    pub fn set_trace(&self, trace: FlightTrace) {
+        let _ = self.flight.trace.set(trace);
+    }
+
     pub fn stream_publisher(&self) -> StreamPublisher {
         self.stream.clone()
     }
@@ -323,6 +331,11 @@ impl WaiterTicket {
 
     /// Waits for the outcome or, when `live` and the flight streams, its log:
     /// a streaming caller relays the stream as it arrives instead of waiting for its end.
+    /// The flight's span, when the flight is traced.
+    pub fn flight_trace(&self) -> Option<&FlightTrace> {
+        self.flight.trace.get()
+    }
+
     pub async fn wait_for(&self, deadline: tokio::time::Instant, live: bool) -> Waited {
         let mut result = self.flight.result.clone();
         let mut stream = self.flight.stream.clone();

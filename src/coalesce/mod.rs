@@ -204,7 +204,11 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
-            match ticket.wait_for(deadline, live).await {
+            let waited = ticket.wait_for(deadline, live).await;
+            if !owner && let Some(flight) = ticket.flight_trace() {
+                traces::link_flight(flight);
+            }
+            match waited {
                 Waited::Live(live) => {
                     traces::set_flight_role(flight_role(owner, live.remote));
                     let status = if owner && !live.remote {
@@ -316,7 +320,10 @@ impl Coalescer {
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
         let kind = if refresh { "refresh" } else { "request" };
-        let traced = traces::flight_context(&guard.fingerprint(), kind);
+        let traced = traces::flight_context(&guard.fingerprint(), kind).map(|(cx, name)| {
+            guard.set_trace(name);
+            cx
+        });
         let publisher = guard.stream_publisher().with_live(live);
         let flight = async move {
             let outcome = run_flight(&context, &key, policy, loader, publisher).await;

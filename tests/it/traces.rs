@@ -41,6 +41,8 @@ struct Exported {
     parent: String,
     name: String,
     kind: SpanKind,
+    /// (trace id, span id) of each linked span.
+    links: Vec<(String, String)>,
     attributes: BTreeMap<String, String>,
     service: Option<String>,
 }
@@ -114,6 +116,11 @@ fn flatten(span: &Span, service: Option<String>) -> Exported {
         parent: hex::encode(&span.parent_span_id),
         name: span.name.clone(),
         kind: SpanKind::try_from(span.kind).unwrap_or(SpanKind::Unspecified),
+        links: span
+            .links
+            .iter()
+            .map(|link| (hex::encode(&link.trace_id), hex::encode(&link.span_id)))
+            .collect(),
         attributes: attributes(&span.attributes),
         service,
     }
@@ -415,6 +422,12 @@ async fn retries_followers_streams_and_batches_have_their_spans() {
         follower.attr("corral.fingerprint"),
         "the follower names the flight it waited on"
     );
+    assert_eq!(
+        follower.links,
+        [(flight.trace_id.clone(), flight.span_id.clone())],
+        "and links to it, in the owner's trace"
+    );
+    assert!(owner.links.is_empty());
     assert!(
         !spans
             .iter()
