@@ -522,20 +522,14 @@ impl HttpBody for EndsSpan {
     }
 }
 
-/// The low-cardinality route of a path (`http.route`), `None` for paths
-/// corral does not serve.
+/// The low-cardinality route of an API path (`http.route`): the literal
+/// route, or a template where the path carries an id.
 fn route_of(path: &str) -> Option<&'static str> {
     const ROUTES: &[&str] = &[
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/embeddings",
         "/v1/models",
-        "/healthz",
-        "/readyz",
-        "/metrics",
-        "/stats",
-        "/dashboard",
-        "/",
     ];
     if let Some(route) = ROUTES.iter().find(|route| **route == path) {
         return Some(route);
@@ -545,9 +539,6 @@ fn route_of(path: &str) -> Option<&'static str> {
     }
     if path.starts_with("/v1/") {
         return Some("/v1/{*path}");
-    }
-    if path.starts_with("/admin/") {
-        return Some("/admin/{*path}");
     }
     None
 }
@@ -574,7 +565,7 @@ mod tests {
         );
         assert_eq!(route_of("/v1/files/file-abc"), Some("/v1/{*path}"));
         assert_eq!(route_of("/v1/models/gpt-4o"), Some("/v1/models/{model}"));
-        assert_eq!(route_of("/nope"), None);
+        assert_eq!(route_of("/healthz"), None, "only API requests are traced");
     }
 
     #[test]

@@ -169,13 +169,16 @@ impl Upstream {
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;
             let call = attempt();
-            let traced = traces::attempt_context(n, &outbound.method, &target.base, &target.name);
             async move {
                 if n == 1 {
                     guard.budget.record_first();
                 }
                 let ticket = guard.admit().map_err(AttemptError::fatal)?;
                 let _place = guard.acquire().await;
+                // Only an attempt that goes out is a span (not one the
+                // circuit or a cap refused).
+                let traced =
+                    traces::attempt_context(n, &outbound.method, &target.base, &target.name);
                 let result = match &traced {
                     None => call.await,
                     Some(cx) => call.with_context(cx.clone()).await,
