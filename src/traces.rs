@@ -21,7 +21,9 @@
 //! `corral.fingerprint` prefix with the owner's flight span.
 //!
 //! Spans never hold prompt text, credentials or a full fingerprint: only
-//! 12 hex digits of it, the model names, token counts and statuses.
+//! 12 hex digits of it, the model names, token counts and statuses. (A flight
+//! span's fingerprint is its cache key's, which a purge re-keys: after one it
+//! differs from the request's `x-corral-fingerprint`, as in the logs.)
 //!
 //! Export runs on the batch processor's own thread (a blocking HTTP client):
 //! spans wait in a bounded queue (`telemetry.otlp.max_queue_spans`) and are
@@ -125,8 +127,10 @@ impl Traces {
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(sampler)
+            // `OTEL_RESOURCE_ATTRIBUTES` (a pod name, an environment) is
+            // honoured; the service name is the config's.
             .with_resource(
-                Resource::builder_empty()
+                Resource::builder()
                     .with_service_name(config.service_name.clone())
                     .build(),
             )
