@@ -31,6 +31,7 @@ pub mod tenant;
 pub mod upstream;
 pub mod usage;
 pub mod validate;
+pub mod wire;
 
 pub use config::Config;
 pub use server::serve;

@@ -58,7 +58,7 @@ pub(super) async fn cluster_flight(
                 // ends, instead of waiting out the stall timeout for events that
                 // will never come.
                 let settled = CancellationToken::new();
-                let relay = publisher.is_live().then(|| {
+                let relay = publisher.live_format().map(|format| {
                     let (cluster, key, token, publisher, settled) = (
                         cluster.clone(),
                         key.clone(),
@@ -74,6 +74,7 @@ pub(super) async fn cluster_flight(
                                 &key,
                                 &token,
                                 |log| publisher.publish_remote(log),
+                                format,
                                 limits,
                                 stall,
                                 settled,

@@ -29,7 +29,7 @@ use crate::{
     fingerprint::CacheKey,
     request::CachePolicy,
     retry_window::RetryWindow,
-    sse::StreamLog,
+    sse::{Format, StreamLog},
 };
 
 /// How many times waiters of abandoned flights elect a new owner before giving up.
@@ -147,20 +147,21 @@ impl Coalescer {
         policy: CachePolicy,
         loader: Loader,
     ) -> Result<Served, Arc<GatewayError>> {
-        match self.answer(key, policy, loader, false).await? {
+        match self.answer(key, policy, loader, None).await? {
             Answer::Complete(served) => Ok(served),
             Answer::Live { .. } => unreachable!("a live log is only handed to callers that ask"),
         }
     }
 
-    /// As `get_or_fetch`; with `live`, a caller joining a streamed flight gets
-    /// its live log instead of waiting for the end (streaming callers).
+    /// As `get_or_fetch`; with `live` (the caller's stream format), a caller
+    /// joining a streamed flight gets its live log instead of waiting for the
+    /// end (streaming callers).
     pub async fn answer(
         &self,
         key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
-        live: bool,
+        live: Option<Format>,
     ) -> Result<Answer, Arc<GatewayError>> {
         let fingerprint = key.fingerprint;
         if policy.read
@@ -202,7 +203,7 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
-            match ticket.wait_for(deadline, live).await {
+            match ticket.wait_for(deadline, live.is_some()).await {
                 Waited::Live(live) => {
                     let status = if owner && !live.remote {
                         CacheStatus::Miss
@@ -286,7 +287,7 @@ impl Coalescer {
                 bypass: false,
                 revalidate: false,
             };
-            self.spawn_flight(guard, key, policy, loader, false);
+            self.spawn_flight(guard, key, policy, loader, None);
         }
     }
 
@@ -298,7 +299,7 @@ impl Coalescer {
         key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
-        live: bool,
+        live: Option<Format>,
     ) {
         let context = self.context.clone();
         let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());

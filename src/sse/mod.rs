@@ -20,6 +20,7 @@
 //! a UTF-8 byte-order mark and buffers without bound past invalid UTF-8.
 
 mod convert;
+mod format;
 mod log;
 mod relay;
 mod usage;
@@ -28,9 +29,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub use convert::{ConvertError, assemble, synthesize};
+pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until};
-pub use usage::{CallerUsage, UpstreamStreamRequest, force_include_usage, without_usage};
+pub use usage::{
+    CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, without_usage,
+};
 
 /// The event that ends every complete stream.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
@@ -65,7 +69,7 @@ pub fn error_event(message: &str) -> Bytes {
 }
 
 /// The JSON text of an event in corral's framing (`None` for `[DONE]` or any other frame).
-fn event_json(event: &[u8]) -> Option<&[u8]> {
+pub fn event_json(event: &[u8]) -> Option<&[u8]> {
     let json = event.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
     (json != b"[DONE]").then_some(json)
 }
