@@ -52,7 +52,7 @@ use crate::{
     crypto::Sealer,
     fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
     metrics::Metrics,
-    sse::{CallerUsage, Format, LogEnd, StreamLog, StreamWriter},
+    sse::{CallerUsage, LogEnd, StreamLog, StreamWriter},
 };
 
 /// Takes the lock unless held; returns the holder's token when held.
@@ -826,7 +826,11 @@ impl Cluster {
     }
 
     /// A follower's live relay of the owner's mirrored stream into a local
-    /// log, published to this instance's flight at the first event. Returns
+    /// log (made by `new_log`, in the flight's stream format, which the mirror
+    /// does not know), published to this instance's flight at the first
+    /// event. The events are relayed as they are; the end marker finishes the
+    /// log (which adds the format's done event, if it has one) or fails it
+    /// with the owner's error event. Returns
     /// when the end marker arrives, the stream stalls, or Redis fails; and,
     /// once `settled` fires (the owner's flight is over: recorded, or its lock
     /// gone), as soon as it has read everything the mirror holds: a mirror
@@ -837,8 +841,7 @@ impl Cluster {
         key: &CacheKey,
         token: &str,
         publish: impl Fn(StreamLog),
-        format: Format,
-        limits: crate::sse::LogLimits,
+        new_log: impl Fn() -> (StreamLog, StreamWriter),
         stall_timeout: Duration,
         settled: CancellationToken,
     ) {
@@ -893,7 +896,7 @@ impl Cluster {
                     return;
                 };
                 let writer_ref = writer.get_or_insert_with(|| {
-                    let (log, writer) = StreamLog::with_limits(format, limits.clone());
+                    let (log, writer) = new_log();
                     publish(log);
                     writer
                 });

@@ -23,6 +23,7 @@ use crate::{
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
+    sse::StreamLog,
 };
 
 pub(super) async fn cluster_flight(
@@ -74,8 +75,8 @@ pub(super) async fn cluster_flight(
                                 &key,
                                 &token,
                                 |log| publisher.publish_remote(log),
-                                format,
-                                limits,
+                                // The follower's log speaks the flight's format.
+                                || StreamLog::with_limits(format, limits.clone()),
                                 stall,
                                 settled,
                             )

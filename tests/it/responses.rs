@@ -86,17 +86,20 @@ async fn stream_and_non_stream_callers_share_one_call() {
     let gateway = TestGateway::start(|_| {}).await;
     gateway.provider.hold();
     let handle = gateway.clone_handle();
-    let tasks: Vec<_> = (0..100)
-        .map(|i| {
-            let handle = handle.clone();
-            let body = if i % 2 == 0 {
-                streaming("mixed callers")
-            } else {
-                request("mixed callers")
-            };
-            tokio::spawn(async move { (i % 2 == 0, handle.post_with(PATH, &body, &[]).await) })
-        })
-        .collect();
+    let spawn = |i: usize| {
+        let handle = handle.clone();
+        let body = if i % 2 == 0 {
+            streaming("mixed callers")
+        } else {
+            request("mixed callers")
+        };
+        tokio::spawn(async move { (i % 2 == 0, handle.post_with(PATH, &body, &[]).await) })
+    };
+    // A streaming caller owns the flight, so the upstream call streams and the
+    // non-stream callers get the response of its `response.completed`.
+    let mut tasks = vec![spawn(0)];
+    gateway.wait_for_waiters(1).await;
+    tasks.extend((1..100).map(spawn));
     gateway.wait_for_waiters(100).await;
     gateway.provider.release();
     let (mut streams, mut plain) = (HashSet::new(), HashSet::new());
@@ -290,6 +293,8 @@ async fn metrics_count_tokens_and_saved_responses_under_the_model() {
     .await;
     let herd = gateway.herd(PATH, &streaming("count me"), 10, &[]).await;
     let usage = completed(&herd[0])["usage"].clone();
+    // The flight stores the answer after its last event reached the readers.
+    gateway.wait_idle().await;
     let repeat = gateway.post(PATH, &request("count me")).await;
     assert_eq!(repeat.cache(), "HIT");
     assert_eq!(gateway.provider.calls(), 1);
