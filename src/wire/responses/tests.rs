@@ -250,7 +250,10 @@ fn sampling_background_conversation_and_completeness() {
     assert!(!RESPONSES.is_complete(b"{\"object\":\"response\""));
     let bad = RESPONSES.check(
         &body(json!({"model": "m", "previous_response_id": 7})),
-        InputLimits::from(&crate::config::LimitsConfig::default()),
+        InputLimits {
+            max_json_depth: 32,
+            max_messages: 100,
+        },
     );
     assert!(
         bad.unwrap_err()
