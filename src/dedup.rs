@@ -23,9 +23,10 @@ use crate::{
     metrics::{Attribution, Metrics},
     request::DedupRequest,
     retry_window::Retained,
-    sse::{self, StreamLog},
+    sse::{self, Format, StreamLog},
     state::AppState,
     upstream::{Outbound, body},
+    wire::Wire,
 };
 
 /// Upstream response headers that may be shared with every caller of a
@@ -72,7 +73,7 @@ pub async fn serve(
     if request.policy.bypass {
         let mut response = async {
             if request.stream {
-                stream_through(&app, &outbound, &bill).await
+                stream_through(&app, &outbound, &bill, request.wire.stream_format()).await
             } else {
                 let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
                 let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
@@ -160,7 +161,7 @@ pub async fn serve(
         return Ok(response);
     }
 
-    let loader = upstream_loader(app.clone(), outbound, endpoint, bill.clone());
+    let loader = upstream_loader(app.clone(), outbound, request.wire, bill.clone());
     let served = app
         .coalescer
         .get_or_fetch(key, request.policy, loader)
@@ -217,11 +218,11 @@ async fn serve_stream(
     bill: Attribution,
     retained: Option<Arc<Retained>>,
 ) -> Result<Response, GatewayError> {
-    let body: serde_json::Map<String, Value> = serde_json::from_slice(&request.raw_body)
-        .map_err(|err| GatewayError::invalid(err.to_string()))?;
-    // Upstream always reports usage, so cost can be accounted; callers who did
-    // not ask for it do not see it.
-    let upstream_request = sse::force_include_usage(&body);
+    let wire = request.wire;
+    let format = wire.stream_format();
+    // The upstream request always streams, and always reports usage (so cost
+    // can be accounted); callers who did not ask for it do not see it.
+    let upstream_request = wire.stream_request(&request.body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
     // A follower of a live stream: its saving is counted once it has been served.
@@ -235,9 +236,9 @@ async fn serve_stream(
             age: Some(retained.age(app.clock.now_ms())),
         })),
         None => {
-            let loader = stream_loader(app.clone(), outbound, request.endpoint, bill.clone());
+            let loader = stream_loader(app.clone(), outbound, wire, bill.clone());
             app.coalescer
-                .answer(key, request.policy, loader, true)
+                .answer(key, request.policy, loader, Some(format))
                 .await
         }
     };
@@ -264,10 +265,11 @@ async fn serve_stream(
                 _ => {
                     let value: Value = serde_json::from_slice(&served.response.body)
                         .map_err(|err| invalid(format!("answer is not JSON: {err}")))?;
-                    sse::synthesize(&value).map_err(|err| invalid(err.to_string()))?
+                    wire.synthesize(&value)
+                        .map_err(|err| invalid(err.to_string()))?
                 }
             };
-            let log = StreamLog::replay(events);
+            let log = StreamLog::replay(format, events);
             app.metrics
                 .served(&bill, served.status, served.response.usage);
             (
@@ -309,7 +311,7 @@ async fn serve_stream(
 fn stream_loader(
     app: Arc<AppState>,
     outbound: Outbound,
-    endpoint: Endpoint,
+    wire: &'static dyn Wire,
     bill: Attribution,
 ) -> Loader {
     let outbound = Arc::new(outbound);
@@ -324,7 +326,8 @@ fn stream_loader(
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
                 .await?;
-            let (log, writer) = StreamLog::with_limits(app.stream_log_limits());
+            let (log, writer) =
+                StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
             publisher.publish(log.clone());
             let stall = app.config.coalesce.stream_stall_timeout;
             // `request_timeout` bounds the whole flight, headers and every event:
@@ -351,7 +354,7 @@ fn stream_loader(
                 // writer would otherwise end the log as merely abandoned.)
                 () = async {
                     app.cut_upstream.cancelled().await;
-                    log.interrupt(sse::error_event(
+                    log.interrupt(log.error_event(
                         "the gateway is shutting down; the stream was cut",
                     ));
                 } => {
@@ -378,20 +381,21 @@ fn stream_loader(
                 });
             }
             let assembled =
-                sse::assemble(&summary.events).map_err(|err| GatewayError::UpstreamInvalid {
-                    upstream: upstream.clone(),
-                    reason: format!("the stream does not assemble: {err}"),
-                })?;
+                wire.assemble(&summary.events)
+                    .map_err(|err| GatewayError::UpstreamInvalid {
+                        upstream: upstream.clone(),
+                        reason: format!("the stream does not assemble: {err}"),
+                    })?;
             let body = Bytes::from(assembled.to_string());
             Ok(Loaded {
-                cacheable: is_complete(endpoint, &body),
+                cacheable: wire.is_complete(&body),
                 response: StoredResponse {
                     status: StatusCode::OK,
                     headers: vec![(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
                     )],
-                    usage: summary.usage.or_else(|| Usage::from_body(&body)),
+                    usage: summary.usage.or_else(|| wire.usage(&body)),
                     body,
                 },
                 compute_time: started.elapsed(),
@@ -415,11 +419,15 @@ fn count_live_saving(
         if let Some(log) = log
             && log.end() == Some(sse::LogEnd::Done)
         {
-            // The usage chunk is the last one before `[DONE]`.
-            let usage = log.events().iter().rev().take(3).find_map(|event| {
-                let json = event.strip_prefix(b"data: ")?;
-                Usage::from_body(json)
-            });
+            // Usage comes last (chat: the usage chunk before `[DONE]`;
+            // Responses: the completing event).
+            let format = log.format();
+            let usage = log
+                .events()
+                .iter()
+                .rev()
+                .take(3)
+                .find_map(|event| format.event_usage(event));
             metrics.served(&bill, CacheStatus::Coalesced, usage);
         }
     })
@@ -442,7 +450,7 @@ async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
 fn upstream_loader(
     app: Arc<AppState>,
     outbound: Outbound,
-    endpoint: Endpoint,
+    wire: &'static dyn Wire,
     bill: Attribution,
 ) -> Loader {
     let bill = Arc::new(bill);
@@ -453,7 +461,7 @@ fn upstream_loader(
         let bill = bill.clone();
         Box::pin(async move {
             let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
-            let cacheable = is_complete(endpoint, &buffered.body);
+            let cacheable = wire.is_complete(&buffered.body);
             let response = shared_response(buffered.status, &buffered.headers, buffered.body);
             app.metrics.upstream_usage(&bill, response.usage);
             Ok(Loaded {
@@ -464,32 +472,6 @@ fn upstream_loader(
             })
         })
     })
-}
-
-/// A response is complete when it parses and every choice has a
-/// `finish_reason` (embeddings: when it carries data). Only complete
-/// responses are stored.
-pub fn is_complete(endpoint: Endpoint, body: &[u8]) -> bool {
-    let Ok(value) = serde_json::from_slice::<Value>(body) else {
-        return false;
-    };
-    match endpoint {
-        Endpoint::Embeddings => value
-            .get("data")
-            .and_then(Value::as_array)
-            .is_some_and(|data| !data.is_empty()),
-        Endpoint::ChatCompletions | Endpoint::Completions => value
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(|choices| {
-                !choices.is_empty()
-                    && choices.iter().all(|choice| {
-                        choice
-                            .get("finish_reason")
-                            .is_some_and(|reason| !reason.is_null())
-                    })
-            }),
-    }
 }
 
 fn shared_response(status: StatusCode, headers: &HeaderMap, body: Bytes) -> StoredResponse {
@@ -567,6 +549,7 @@ async fn stream_through(
     app: &AppState,
     outbound: &Outbound,
     bill: &Attribution,
+    format: Format,
 ) -> Result<Response, GatewayError> {
     let started = tokio::time::Instant::now();
     let upstream = app
@@ -581,7 +564,7 @@ async fn stream_through(
         .cloned()
         .unwrap_or_else(|| HeaderValue::from_static("text/event-stream"));
     // Bounded like every upstream body; a stream that stalls or overruns ends
-    // with an OpenAI-style error event and a clean end, as a coalesced one would.
+    // with an error event in the API's shape and a clean end, as a coalesced one would.
     let total = app
         .upstream
         .request_timeout(outbound.upstream)
@@ -595,7 +578,7 @@ async fn stream_through(
             Err(error) => {
                 tracing::warn!(%error, "a no-store stream broke");
                 *ended = true;
-                Some(Ok(sse::error_event(&error.to_string())))
+                Some(Ok(format.error_event(&error.to_string(), 0)))
             }
         };
         futures::future::ready(item)
@@ -613,28 +596,6 @@ async fn stream_through(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn completeness_needs_every_finish_reason() {
-        let done = br#"{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":"length"}]}"#;
-        let open =
-            br#"{"choices":[{"index":0,"finish_reason":"stop"},{"index":1,"finish_reason":null}]}"#;
-        assert!(is_complete(Endpoint::ChatCompletions, done));
-        assert!(!is_complete(Endpoint::ChatCompletions, open));
-        assert!(!is_complete(
-            Endpoint::ChatCompletions,
-            br#"{"choices":[{"finish_reason":"st"#
-        ));
-        assert!(!is_complete(
-            Endpoint::ChatCompletions,
-            br#"{"choices":[]}"#
-        ));
-        assert!(is_complete(
-            Endpoint::Embeddings,
-            br#"{"data":[{"embedding":[0.1]}]}"#
-        ));
-        assert!(!is_complete(Endpoint::Embeddings, br#"{"data":[]}"#));
-    }
 
     #[test]
     fn only_allowlisted_headers_are_shared() {

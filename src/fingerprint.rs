@@ -15,21 +15,37 @@ pub use crate::tenant::TenantScope;
 /// Bumped whenever the canonical form changes, so old keys can never alias new ones.
 const KEY_VERSION: &[u8] = b"corral-key-v1";
 
-/// The deduplicated endpoints.
+/// The deduplicated endpoints. Each speaks one wire format, whose adapter
+/// (`wire::of`) knows its fields, streams and completeness rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     ChatCompletions,
     Completions,
     Embeddings,
+    /// OpenAI Responses (`POST /v1/responses`).
+    Responses,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Messages,
 }
 
 impl Endpoint {
+    /// Every deduplicated endpoint.
+    pub const ALL: [Endpoint; 5] = [
+        Self::ChatCompletions,
+        Self::Completions,
+        Self::Embeddings,
+        Self::Responses,
+        Self::Messages,
+    ];
+
     /// Path below the upstream's base URL (which ends in `/v1`).
     pub fn path(self) -> &'static str {
         match self {
             Self::ChatCompletions => "/chat/completions",
             Self::Completions => "/completions",
             Self::Embeddings => "/embeddings",
+            Self::Responses => "/responses",
+            Self::Messages => "/messages",
         }
     }
 
@@ -39,8 +55,30 @@ impl Endpoint {
             Self::ChatCompletions => "chat",
             Self::Completions => "completions",
             Self::Embeddings => "embeddings",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
         }
     }
+}
+
+/// How one wire format's body is keyed: which top-level fields are left out
+/// of the key (delivery fields, which cannot change the answer), and which
+/// field holds the conversation whose text is normalized like chat
+/// `messages`. Every other field is keyed as it is.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyKeying {
+    /// Top-level fields left out of the key.
+    pub ignored: fn(&str) -> bool,
+    /// The field whose items' text content is trimmed and unified.
+    pub messages: Option<&'static str>,
+}
+
+impl BodyKeying {
+    /// OpenAI Chat Completions, Completions and Embeddings.
+    pub const OPENAI: BodyKeying = BodyKeying {
+        ignored: |name| field_role(name) == FieldRole::Ignored,
+        messages: Some("messages"),
+    };
 }
 
 /// How far normalization goes beyond what never changes meaning.
@@ -260,13 +298,24 @@ fn field_role(name: &str) -> FieldRole {
 /// every request, hits included, and the key can be no cheaper than hashing
 /// its input once, so everything but that hash is kept to a copy of the bytes.
 pub fn canonical_body(body: &Map<String, Value>, normalization: Normalization) -> Vec<u8> {
+    canonical_body_with(body, normalization, &BodyKeying::OPENAI)
+}
+
+/// As [`canonical_body`], with a wire format's own [`BodyKeying`].
+pub fn canonical_body_with(
+    body: &Map<String, Value>,
+    normalization: Normalization,
+    keying: &BodyKeying,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    write_object(&mut out, body, |out, name, value| match field_role(name) {
-        FieldRole::Ignored => false,
-        FieldRole::Keyed if name == "messages" => {
+    write_object(&mut out, body, |out, name, value| {
+        if (keying.ignored)(name) {
+            false
+        } else if keying.messages == Some(name) {
             write_entry(out, name, |out| write_messages(out, value, normalization))
+        } else {
+            write_entry(out, name, |out| write_canonical(out, value))
         }
-        FieldRole::Keyed => write_entry(out, name, |out| write_canonical(out, value)),
     });
     out
 }

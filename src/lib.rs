@@ -32,6 +32,7 @@ pub mod traces;
 pub mod upstream;
 pub mod usage;
 pub mod validate;
+pub mod wire;
 
 pub use config::Config;
 pub use server::serve;

@@ -13,10 +13,12 @@ use crate::{
     config::{CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{
-        Endpoint, Fingerprint, IdempotencyKey, KeyInput, Normalization, TenantScope, canonical_body,
+        Endpoint, Fingerprint, IdempotencyKey, KeyInput, Normalization, TenantScope,
+        canonical_body_with,
     },
     upstream::Routes,
     validate::{self, InputLimits},
+    wire::{self, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -158,6 +160,8 @@ impl RetryMarks {
 #[derive(Debug)]
 pub struct DedupRequest {
     pub endpoint: Endpoint,
+    /// The endpoint's wire format adapter.
+    pub wire: &'static dyn Wire,
     /// The body as the caller sent it; this is what goes upstream.
     pub raw_body: Bytes,
     pub model: String,
@@ -199,6 +203,7 @@ impl DedupRequest {
     ) -> Result<Self, GatewayError> {
         let rules = rules.into();
         let cache = rules.cache;
+        let wire = wire::of(endpoint);
         let body = validate::parse_json(&raw_body, rules.limits)?;
         let Value::Object(body) = body else {
             return Err(GatewayError::invalid(
@@ -223,8 +228,8 @@ impl DedupRequest {
         let upstream = routes.route(&model).ok_or_else(|| GatewayError::NoRoute {
             model: model.clone(),
         })?;
-        validate::check_fields(endpoint, &body, rules.limits)?;
-        let stream = matches!(body.get("stream"), Some(Value::Bool(true)));
+        wire.check(&body, rules.limits)?;
+        let stream = wire.is_stream(&body);
 
         let authorization = headers.get(header::AUTHORIZATION).cloned();
         let credential = authorization
@@ -261,7 +266,7 @@ impl DedupRequest {
         let normalization = Normalization {
             case_fold: cache.case_fold,
         };
-        let canonical = canonical_body(&body, normalization);
+        let canonical = canonical_body_with(&body, normalization, wire.keying());
         let fingerprint = Fingerprint::of(&KeyInput {
             endpoint,
             upstream: &upstream_names[upstream],
@@ -271,8 +276,14 @@ impl DedupRequest {
             body: &canonical,
         });
 
-        let deterministic = is_deterministic(endpoint, &body);
+        let deterministic = wire.is_deterministic(&body);
         let mut policy = CachePolicy::from_headers(headers);
+        if !wire.dedupable(&body) {
+            // Neither coalesced nor cached: sent upstream as it came.
+            policy.bypass = true;
+            policy.read = false;
+            policy.write = false;
+        }
         if !deterministic && !cache.sampled {
             // A sampled answer is not stored, and none stored earlier is served.
             policy.read = false;
@@ -281,6 +292,7 @@ impl DedupRequest {
 
         Ok(Self {
             endpoint,
+            wire,
             raw_body,
             model,
             stream,
@@ -298,19 +310,6 @@ impl DedupRequest {
             retry,
         })
     }
-}
-
-/// Embeddings are deterministic; generation is when temperature is 0 or a seed is set.
-fn is_deterministic(endpoint: Endpoint, body: &Map<String, Value>) -> bool {
-    if endpoint == Endpoint::Embeddings {
-        return true;
-    }
-    let zero_temperature = body
-        .get("temperature")
-        .and_then(Value::as_f64)
-        .is_some_and(|t| t == 0.0);
-    let seeded = body.get("seed").is_some_and(|seed| !seed.is_null());
-    zero_temperature || seeded
 }
 
 fn sorted_query_pairs(query: Option<&str>) -> Vec<(String, String)> {

@@ -66,7 +66,9 @@ use crate::{
 /// `gen_ai.operation.name` of a deduplicated endpoint.
 pub fn operation_name(endpoint: Endpoint) -> &'static str {
     match endpoint {
-        Endpoint::ChatCompletions => "chat",
+        // The GenAI conventions name a conversational turn `chat` whatever
+        // the provider's API (OpenAI Responses, Anthropic Messages included).
+        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => "chat",
         Endpoint::Completions => "text_completion",
         Endpoint::Embeddings => "embeddings",
     }

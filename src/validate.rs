@@ -154,8 +154,8 @@ fn shorten(text: &str) -> String {
 }
 
 /// What a top-level field must be, when present.
-#[derive(Clone, Copy)]
-enum Kind {
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
     Bool,
     Number,
     Integer,
@@ -218,13 +218,13 @@ const FIELD_KINDS: &[(&str, Kind)] = &[
     ("stream_options", Kind::Object),
 ];
 
-/// Type and size checks on the parsed body.
-pub fn check_fields(
-    endpoint: Endpoint,
+/// `body`'s fields of `kinds`, when present and not `null`, must be of their kind.
+/// For the fields a wire format adds to the common ones.
+pub fn check_kinds(
     body: &Map<String, Value>,
-    limits: InputLimits,
+    kinds: &[(&'static str, Kind)],
 ) -> Result<(), GatewayError> {
-    for (field, kind) in FIELD_KINDS {
+    for (field, kind) in kinds {
         if let Some(value) = body.get(*field)
             && !value.is_null()
             && !kind.accepts(value)
@@ -235,6 +235,16 @@ pub fn check_fields(
             ));
         }
     }
+    Ok(())
+}
+
+/// Type and size checks on the parsed body.
+pub fn check_fields(
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+    limits: InputLimits,
+) -> Result<(), GatewayError> {
+    check_kinds(body, FIELD_KINDS)?;
     if let Some(Value::Array(messages)) = body.get("messages") {
         if endpoint == Endpoint::ChatCompletions && messages.len() > limits.max_messages {
             return Err(GatewayError::invalid_param(

@@ -1,5 +1,5 @@
-//! `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`: the
-//! deduplicated, cached endpoints.
+//! `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/responses`: the deduplicated, cached endpoints.
 
 use std::sync::Arc;
 
@@ -31,6 +31,13 @@ pub async fn embeddings(
     request: Request,
 ) -> Result<Response, GatewayError> {
     serve(app, Endpoint::Embeddings, request).await
+}
+
+pub async fn responses(
+    State(app): State<Arc<AppState>>,
+    request: Request,
+) -> Result<Response, GatewayError> {
+    serve(app, Endpoint::Responses, request).await
 }
 
 /// Takes the headers out of the request by value (an extractor would copy

@@ -231,13 +231,9 @@ fn request_id(request: &Request) -> HeaderValue {
 }
 
 fn endpoint_of(path: &str) -> Option<Endpoint> {
-    [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Embeddings,
-    ]
-    .into_iter()
-    .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
+    Endpoint::ALL
+        .into_iter()
+        .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
 }
 
 /// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the

@@ -52,7 +52,7 @@ use crate::{
     crypto::Sealer,
     fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
     metrics::Metrics,
-    sse::{self, CallerUsage, LogEnd, StreamLog, StreamWriter},
+    sse::{CallerUsage, LogEnd, StreamLog, StreamWriter},
 };
 
 /// Takes the lock unless held; returns the holder's token when held.
@@ -754,16 +754,26 @@ impl Cluster {
             let name = name.clone();
             tokio::spawn(async move {
                 let mut reader = log.reader(CallerUsage::Asked);
+                let done = log.format().done_event();
                 let mut seq = 0u64;
+                let mut ended = false;
                 while let Some(event) = reader.next_event().await {
+                    // The terminal event carries the end marker: the format's done
+                    // event (the follower's log appends its own), or the error event.
+                    // A format without a done event ends with its completing event,
+                    // an ordinary event: the end marker follows it, empty.
                     let (field, value) = match log.end() {
-                        // The terminal event carries the end marker.
-                        Some(LogEnd::Done) if reader_at_end(&reader, &log) => ("done", event),
+                        Some(LogEnd::Done)
+                            if reader_at_end(&reader, &log) && done.as_ref() == Some(&event) =>
+                        {
+                            ("done", event)
+                        }
                         Some(LogEnd::Failed(_)) if reader_at_end(&reader, &log) => {
                             ("failed", event)
                         }
                         _ => ("e", event),
                     };
+                    ended = field != "e";
                     if cluster
                         .append_event(&name, seq, field, &value)
                         .await
@@ -773,6 +783,11 @@ impl Cluster {
                         return;
                     }
                     seq += 1;
+                }
+                if !ended && log.end() == Some(LogEnd::Done) {
+                    let _ = cluster
+                        .append_event(&name, seq, "done", &Bytes::new())
+                        .await;
                 }
             });
         })
@@ -811,7 +826,11 @@ impl Cluster {
     }
 
     /// A follower's live relay of the owner's mirrored stream into a local
-    /// log, published to this instance's flight at the first event. Returns
+    /// log (made by `new_log`, in the flight's stream format, which the mirror
+    /// does not know), published to this instance's flight at the first
+    /// event. The events are relayed as they are; the end marker finishes the
+    /// log (which adds the format's done event, if it has one) or fails it
+    /// with the owner's error event. Returns
     /// when the end marker arrives, the stream stalls, or Redis fails; and,
     /// once `settled` fires (the owner's flight is over: recorded, or its lock
     /// gone), as soon as it has read everything the mirror holds: a mirror
@@ -822,7 +841,7 @@ impl Cluster {
         key: &CacheKey,
         token: &str,
         publish: impl Fn(StreamLog),
-        limits: crate::sse::LogLimits,
+        new_log: impl Fn() -> (StreamLog, StreamWriter),
         stall_timeout: Duration,
         settled: CancellationToken,
     ) {
@@ -856,7 +875,7 @@ impl Cluster {
                 .await;
             let Ok(reply) = reply else {
                 if let Some(writer) = writer {
-                    writer.fail(sse::error_event("the shared stream was interrupted"));
+                    writer.fail_with("the shared stream was interrupted");
                 }
                 return;
             };
@@ -872,12 +891,12 @@ impl Cluster {
                 let Some((field, bytes)) = opened else {
                     // Not an event we wrote (or it does not decrypt): never relay it.
                     if let Some(writer) = writer {
-                        writer.fail(sse::error_event("the shared stream was unreadable"));
+                        writer.fail_with("the shared stream was unreadable");
                     }
                     return;
                 };
                 let writer_ref = writer.get_or_insert_with(|| {
-                    let (log, writer) = StreamLog::with_limits(limits.clone());
+                    let (log, writer) = new_log();
                     publish(log);
                     writer
                 });
@@ -907,15 +926,13 @@ impl Cluster {
             // its last events), not after the stall timeout.
             if settled_at.is_some_and(|at| last_event.max(at).elapsed() > SETTLED_GRACE) {
                 if let Some(writer) = writer {
-                    writer.fail(sse::error_event(
-                        "the shared stream ended without completing",
-                    ));
+                    writer.fail_with("the shared stream ended without completing");
                 }
                 return;
             }
             if last_event.elapsed() > stall_timeout {
                 if let Some(writer) = writer {
-                    writer.fail(sse::error_event("the shared stream stalled"));
+                    writer.fail_with("the shared stream stalled");
                 }
                 return;
             }

@@ -23,6 +23,7 @@ use crate::{
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
+    sse::StreamLog,
 };
 
 pub(super) async fn cluster_flight(
@@ -58,7 +59,7 @@ pub(super) async fn cluster_flight(
                 // ends, instead of waiting out the stall timeout for events that
                 // will never come.
                 let settled = CancellationToken::new();
-                let relay = publisher.is_live().then(|| {
+                let relay = publisher.live_format().map(|format| {
                     let (cluster, key, token, publisher, settled) = (
                         cluster.clone(),
                         key.clone(),
@@ -74,7 +75,8 @@ pub(super) async fn cluster_flight(
                                 &key,
                                 &token,
                                 |log| publisher.publish_remote(log),
-                                limits,
+                                // The follower's log speaks the flight's format.
+                                || StreamLog::with_limits(format, limits.clone()),
                                 stall,
                                 settled,
                             )

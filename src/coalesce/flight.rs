@@ -18,7 +18,12 @@ use std::{
 use tokio::sync::{Notify, watch};
 
 use super::Fetched;
-use crate::{error::GatewayError, fingerprint::Fingerprint, sse::StreamLog, traces::FlightTrace};
+use crate::{
+    error::GatewayError,
+    fingerprint::Fingerprint,
+    sse::{Format, StreamLog},
+    traces::FlightTrace,
+};
 
 /// What a flight ends with, shared by every waiter: both sides are `Arc`s, so
 /// relaying it to a thousand callers copies no body.
@@ -128,7 +133,7 @@ impl Flights {
             stream: StreamPublisher {
                 sender: stream_sender,
                 flight: Some(flight.clone()),
-                live: false,
+                live: None,
                 mirror: None,
             },
         };
@@ -183,15 +188,15 @@ pub type Mirror = Arc<dyn Fn(StreamLog) + Send + Sync>;
 pub struct StreamPublisher {
     sender: watch::Sender<Option<LiveLog>>,
     flight: Option<Arc<Flight>>,
-    /// The flight was started by a streaming caller: worth relaying live.
-    live: bool,
+    /// The flight was started by a streaming caller (worth relaying live), of this format.
+    live: Option<Format>,
     mirror: Option<Mirror>,
 }
 
 impl std::fmt::Debug for StreamPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamPublisher")
-            .field("live", &self.live)
+            .field("live", &self.live.is_some())
             .field("mirrored", &self.mirror.is_some())
             .finish()
     }
@@ -203,7 +208,7 @@ impl StreamPublisher {
         Self {
             sender: watch::Sender::new(None),
             flight: None,
-            live: false,
+            live: None,
             mirror: None,
         }
     }
@@ -230,10 +235,15 @@ impl StreamPublisher {
 
     /// Whether the flight's owner is a streaming caller.
     pub fn is_live(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// The stream format of a streaming owner's flight.
+    pub fn live_format(&self) -> Option<Format> {
         self.live
     }
 
-    pub(super) fn with_live(mut self, live: bool) -> Self {
+    pub(super) fn with_live(mut self, live: Option<Format>) -> Self {
         self.live = live;
         self
     }

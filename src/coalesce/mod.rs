@@ -30,7 +30,7 @@ use crate::{
     fingerprint::CacheKey,
     request::CachePolicy,
     retry_window::RetryWindow,
-    sse::StreamLog,
+    sse::{Format, StreamLog},
     traces::{self, FlightRole},
 };
 
@@ -149,20 +149,21 @@ impl Coalescer {
         policy: CachePolicy,
         loader: Loader,
     ) -> Result<Served, Arc<GatewayError>> {
-        match self.answer(key, policy, loader, false).await? {
+        match self.answer(key, policy, loader, None).await? {
             Answer::Complete(served) => Ok(served),
             Answer::Live { .. } => unreachable!("a live log is only handed to callers that ask"),
         }
     }
 
-    /// As `get_or_fetch`; with `live`, a caller joining a streamed flight gets
-    /// its live log instead of waiting for the end (streaming callers).
+    /// As `get_or_fetch`; with `live` (the caller's stream format), a caller
+    /// joining a streamed flight gets its live log instead of waiting for the
+    /// end (streaming callers).
     pub async fn answer(
         &self,
         key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
-        live: bool,
+        live: Option<Format>,
     ) -> Result<Answer, Arc<GatewayError>> {
         let fingerprint = key.fingerprint;
         if policy.read
@@ -204,7 +205,7 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
-            let waited = ticket.wait_for(deadline, live).await;
+            let waited = ticket.wait_for(deadline, live.is_some()).await;
             if !owner && let Some(flight) = ticket.flight_trace() {
                 traces::link_flight(flight);
             }
@@ -300,7 +301,7 @@ impl Coalescer {
                 bypass: false,
                 revalidate: false,
             };
-            self.spawn_flight(guard, key, policy, loader, false, true);
+            self.spawn_flight(guard, key, policy, loader, None, true);
         }
     }
 
@@ -312,7 +313,7 @@ impl Coalescer {
         key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
-        live: bool,
+        live: Option<Format>,
         refresh: bool,
     ) {
         let context = self.context.clone();

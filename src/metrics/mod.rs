@@ -68,7 +68,8 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// or `ERROR` when it was not.
 pub const CACHE_LABELS: [&str; 6] = ["HIT", "STALE", "MISS", "COALESCED", "BYPASS", "ERROR"];
 /// `endpoint` label values (`Endpoint::label`).
-pub const ENDPOINT_LABELS: [&str; 3] = ["chat", "completions", "embeddings"];
+pub const ENDPOINT_LABELS: [&str; 5] =
+    ["chat", "completions", "embeddings", "responses", "messages"];
 /// `via` label values of `corral_saved_responses_total`.
 pub const VIA_LABELS: [&str; 4] = ["hit", "stale", "coalesced", "retry"];
 
@@ -549,6 +550,8 @@ fn gen_ai_operation(endpoint: &str) -> &'static str {
         "chat" => "chat",
         "completions" => "text_completion",
         "embeddings" => "embeddings",
+        // Both generate a model turn from a conversation, as chat does.
+        "responses" | "messages" => "chat",
         _ => "other",
     }
 }

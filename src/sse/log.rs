@@ -20,16 +20,17 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::watch;
 
+use super::format::{CHAT, Format};
 use super::relay::BrokenStream;
 use super::usage::{CallerUsage, UsageFree};
-use super::{DONE_EVENT, done_event, error_event};
 
 /// How a stream ended; the terminal event is also the last event of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogEnd {
-    /// Complete: the last event is `data: [DONE]`.
+    /// Complete: the last event is the format's done event (chat: `data: [DONE]`), or, for a
+    /// format without one, the completing event itself.
     Done,
-    /// Broken: the last event is this OpenAI-style error event.
+    /// Broken: the last event is this error event (in the API's shape).
     Failed(Bytes),
 }
 
@@ -62,6 +63,8 @@ struct Shared {
     max_reader_lag: usize,
     /// Where the log's bytes are counted while it lives.
     tally: Option<LogBytes>,
+    /// The API whose events these are: its done and error events.
+    format: Format,
 }
 
 impl Drop for Shared {
@@ -122,8 +125,8 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(event: Bytes) -> Self {
-        let usage_free = UsageFree::of(&event);
+    fn new(event: Bytes, format: Format) -> Self {
+        let usage_free = format.usage_free(&event);
         Self {
             event,
             usage_free,
@@ -166,26 +169,31 @@ struct ReaderCount {
 }
 
 impl StreamLog {
-    /// An empty log holding at most `max_bytes` of events, and its one writer.
+    /// An empty log of chat events (`data:` events, `[DONE]` last) holding at most `max_bytes`
+    /// of events, and its one writer.
     ///
     /// An append past the bound fails the stream for everyone rather than dropping events:
     /// a reader must get the whole stream or an error, never a stream with a hole in it.
     pub fn new(max_bytes: usize) -> (StreamLog, StreamWriter) {
-        StreamLog::with_limits(LogLimits {
-            max_bytes,
-            max_reader_lag: usize::MAX,
-            tally: None,
-        })
+        StreamLog::with_limits(
+            &CHAT,
+            LogLimits {
+                max_bytes,
+                max_reader_lag: usize::MAX,
+                tally: None,
+            },
+        )
     }
 
-    /// As [`new`](Self::new), with a reader lag bound and the gateway's byte tally.
-    pub fn with_limits(limits: LogLimits) -> (StreamLog, StreamWriter) {
+    /// An empty log of `format`'s events, bounded by `limits`, and its one writer.
+    pub fn with_limits(format: Format, limits: LogLimits) -> (StreamLog, StreamWriter) {
         let shared = Arc::new(Shared {
             state: watch::Sender::new(LogState::default()),
             readers: watch::Sender::new(ReaderCount::default()),
             max_bytes: limits.max_bytes,
             max_reader_lag: limits.max_reader_lag,
             tally: limits.tally,
+            format,
         });
         let log = StreamLog {
             shared: Arc::clone(&shared),
@@ -193,12 +201,21 @@ impl StreamLog {
         (log, StreamWriter { shared })
     }
 
-    /// A finished log of a complete stream, for serving a cached stream through the same
-    /// readers as a live one. A trailing `[DONE]` in `events` is optional.
-    pub fn replay(events: impl IntoIterator<Item = Bytes>) -> StreamLog {
-        let (log, mut writer) = StreamLog::new(usize::MAX);
+    /// A finished log of a complete stream of `format`'s events, for serving a cached stream
+    /// through the same readers as a live one. A trailing done event (chat: `[DONE]`) in
+    /// `events` is optional.
+    pub fn replay(format: Format, events: impl IntoIterator<Item = Bytes>) -> StreamLog {
+        let (log, mut writer) = StreamLog::with_limits(
+            format,
+            LogLimits {
+                max_bytes: usize::MAX,
+                max_reader_lag: usize::MAX,
+                tally: None,
+            },
+        );
+        let done = format.done_event();
         for event in events {
-            if event == DONE_EVENT {
+            if done.as_ref() == Some(&event) {
                 break;
             }
             // Cannot fail: the log is unbounded and has not ended.
@@ -251,9 +268,24 @@ impl StreamLog {
             if state.end.is_some() {
                 return false;
             }
-            terminate(state, LogEnd::Failed(error_event), tally);
+            terminate(
+                state,
+                LogEnd::Failed(error_event),
+                self.shared.format,
+                tally,
+            );
             true
         });
+    }
+
+    /// The API whose events the log holds.
+    pub fn format(&self) -> Format {
+        self.shared.format
+    }
+
+    /// An error event in the log's format, numbered after the events so far.
+    pub fn error_event(&self, message: &str) -> Bytes {
+        self.shared.format.error_event(message, self.len())
     }
 
     /// How the stream ended, if it has.
@@ -270,7 +302,7 @@ impl StreamLog {
             }
             if state.changed().await.is_err() {
                 // Unreachable: `self` keeps the sender alive.
-                return LogEnd::Failed(error_event(&BrokenStream::Abandoned.to_string()));
+                return LogEnd::Failed(self.error_event(&BrokenStream::Abandoned.to_string()));
             }
         }
     }
@@ -329,7 +361,8 @@ impl StreamWriter {
     ///
     /// Past the log's bound the event is not appended and the log fails with an error event.
     pub fn append(&mut self, event: Bytes) -> Result<(), AppendError> {
-        let entry = Entry::new(event);
+        let format = self.shared.format;
+        let entry = Entry::new(event, format);
         let max_bytes = self.shared.max_bytes;
         let mut result = Ok(());
         self.shared.state.send_if_modified(|state| {
@@ -341,8 +374,13 @@ impl StreamWriter {
             if bytes > max_bytes {
                 result = Err(AppendError::Full { max_bytes });
                 let broken = BrokenStream::TooLarge { max_bytes };
-                let event = error_event(&broken.to_string());
-                terminate(state, LogEnd::Failed(event), self.shared.tally.as_ref());
+                let event = format.error_event(&broken.to_string(), state.entries.len());
+                terminate(
+                    state,
+                    LogEnd::Failed(event),
+                    format,
+                    self.shared.tally.as_ref(),
+                );
                 return true;
             }
             if let Some(tally) = &self.shared.tally {
@@ -357,15 +395,22 @@ impl StreamWriter {
         result
     }
 
-    /// Ends the stream as complete: appends `data: [DONE]`.
+    /// Ends the stream as complete: appends the format's done event (chat: `data: [DONE]`),
+    /// if it has one.
     pub fn finish(self) {
         self.end(LogEnd::Done);
     }
 
-    /// Ends the stream as broken: appends `error_event` (see [`super::error_event`]), which
-    /// every reader receives last.
+    /// Ends the stream as broken: appends `error_event` (in the log's format: see
+    /// [`StreamLog::error_event`]), which every reader receives last.
     pub fn fail(self, error_event: Bytes) {
         self.end(LogEnd::Failed(error_event));
+    }
+
+    /// Ends the stream as broken with the log's own error event carrying `message`.
+    pub fn fail_with(self, message: &str) {
+        let event = self.log().error_event(message);
+        self.fail(event);
     }
 
     /// A no-op when the log has already ended (for instance because it filled up).
@@ -374,7 +419,7 @@ impl StreamWriter {
             if state.end.is_some() {
                 return false;
             }
-            terminate(state, end, self.shared.tally.as_ref());
+            terminate(state, end, self.shared.format, self.shared.tally.as_ref());
             true
         });
     }
@@ -382,17 +427,25 @@ impl StreamWriter {
 
 impl Drop for StreamWriter {
     fn drop(&mut self) {
-        let abandoned = error_event(&BrokenStream::Abandoned.to_string());
+        if self.shared.state.borrow().end.is_some() {
+            return;
+        }
+        let abandoned = self.log().error_event(&BrokenStream::Abandoned.to_string());
         self.end(LogEnd::Failed(abandoned));
     }
 }
 
-/// Appends the terminal event and records the end. The terminal event is accepted past the
-/// bound: it is small, and without it readers would not learn why their stream stopped.
-fn terminate(state: &mut LogState, end: LogEnd, tally: Option<&LogBytes>) {
+/// Appends the terminal event (none for a complete stream of a format without a done event)
+/// and records the end. The terminal event is accepted past the bound: it is small, and
+/// without it readers would not learn why their stream stopped.
+fn terminate(state: &mut LogState, end: LogEnd, format: Format, tally: Option<&LogBytes>) {
     let event = match &end {
-        LogEnd::Done => done_event(),
-        LogEnd::Failed(event) => event.clone(),
+        LogEnd::Done => format.done_event(),
+        LogEnd::Failed(event) => Some(event.clone()),
+    };
+    let Some(event) = event else {
+        state.end = Some(end);
+        return;
     };
     let mut entry = Entry::terminal(event);
     if let Some(tally) = tally {
@@ -443,10 +496,11 @@ impl StreamReader {
                     let lag = state.bytes - read.max(self.joined_at);
                     if lag > self.shared.max_reader_lag {
                         self.cut = true;
-                        return Some(error_event(&format!(
+                        let message = format!(
                             "this client fell more than {} bytes behind the stream",
                             self.shared.max_reader_lag
-                        )));
+                        );
+                        return Some(self.shared.format.error_event(&message, self.cursor));
                     }
                 }
                 while let Some(entry) = state.entries.get(self.cursor) {

@@ -5,7 +5,7 @@
 //!   [`StreamReader`] cursor, from the first event on, at its own pace.
 //! - `relay.rs`: [`relay`] parses the provider's SSE body, appends each event to the log in one
 //!   canonical framing, and turns a broken stream (cut short, stalled, malformed, too large)
-//!   into an OpenAI-style error event that ends every reader's stream.
+//!   into an error event in the API's shape that ends every reader's stream.
 //! - `usage.rs`: the upstream request always asks for usage ([`force_include_usage`]) so cost
 //!   can be accounted; a caller that did not ask sees the stream it would have received
 //!   without it ([`CallerUsage`], [`without_usage`]).
@@ -13,13 +13,19 @@
 //!   answer and [`synthesize`] turns a non-stream answer into a valid stream, so one cache
 //!   entry serves both kinds of caller.
 //!
-//! Every event handled here is one complete SSE frame, `data: <json>\n\n` or
-//! `data: [DONE]\n\n`, held as reference-counted [`Bytes`]: a follower receives a clone of the
-//! handle, never a copy of the bytes. The SSE grammar itself is parsed by the `sse-stream`
+//! - `format.rs`: [`StreamFormat`], what all of the above ask of one API's events (which event
+//!   completes a stream, which fails it, the done and error events), so that none of them
+//!   parses a provider's JSON; [`ChatStream`] is chat's. The other APIs' live in `wire/`.
+//!
+//! Every event handled here is one complete SSE frame (chat: `data: <json>\n\n` or
+//! `data: [DONE]\n\n`; named-event formats: `event: <name>\ndata: <json>\n\n`), held as
+//! reference-counted [`Bytes`]: a follower receives a clone of the handle, never a copy of the
+//! bytes. The SSE grammar itself is parsed by the `sse-stream`
 //! crate; `eventsource-stream` was passed over because it panics on a stream that begins with
 //! a UTF-8 byte-order mark and buffers without bound past invalid UTF-8.
 
 mod convert;
+mod format;
 mod log;
 mod relay;
 mod usage;
@@ -28,9 +34,12 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub use convert::{ConvertError, assemble, synthesize};
+pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until};
-pub use usage::{CallerUsage, UpstreamStreamRequest, force_include_usage, without_usage};
+pub use usage::{
+    CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, without_usage,
+};
 
 /// The event that ends every complete stream.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
@@ -51,7 +60,7 @@ pub fn data_event(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// The OpenAI-style error event that ends a broken stream, in the shape of the gateway's own
+/// Chat's error event that ends a broken stream, in the shape of the gateway's own
 /// error bodies. The message is for clients: detail belongs in logs.
 pub fn error_event(message: &str) -> Bytes {
     data_event(&json!({
@@ -65,7 +74,7 @@ pub fn error_event(message: &str) -> Bytes {
 }
 
 /// The JSON text of an event in corral's framing (`None` for `[DONE]` or any other frame).
-fn event_json(event: &[u8]) -> Option<&[u8]> {
+pub fn event_json(event: &[u8]) -> Option<&[u8]> {
     let json = event.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
     (json != b"[DONE]").then_some(json)
 }

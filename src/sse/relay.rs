@@ -1,13 +1,14 @@
 //! [`relay`]: the provider's SSE body into a [`StreamLog`], one canonical event at a time.
 //!
-//! Each `data:` event is checked to be a JSON object and appended as `data: <json>\n\n`
-//! (whatever line endings, spacing, comments or multi-line data the provider used), so that
-//! every reader and every cached replay gets the same bytes. `data: [DONE]` ends the stream as
-//! complete. Anything else that ends it is a broken stream: the body ends first, an event is
-//! not JSON, no event arrives within the stall timeout, reading fails, the body grows past the
-//! log's bound, or the provider sends its own error event. Every reader then receives an
-//! OpenAI-style error event (the provider's own, in the last case) as its last event, and the
-//! summary says the stream must not be cached.
+//! Each event is read by the log's [`StreamFormat`](super::StreamFormat) (the API's adapter),
+//! which checks it and frames it in corral's one framing (whatever line endings, spacing,
+//! comments or multi-line data the provider used), so that every reader and every cached replay
+//! gets the same bytes. The format says which event completes the stream (chat: `data: [DONE]`;
+//! Responses: `response.completed`). Anything else that ends it is a broken stream: the body
+//! ends first, an event is malformed, no event arrives within the stall timeout, reading fails,
+//! the body grows past the log's bound, or the provider sends its own error (or failure) event.
+//! Every reader then receives an error event in the API's shape (the provider's own, in the last
+//! case) as its last event, and the summary says the stream must not be cached.
 
 use std::error::Error as StdError;
 use std::pin::pin;
@@ -17,18 +18,17 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
-use serde_json::{Value, json};
 use sse_stream::SseByteStream;
 
+use super::format::Frame;
 use super::log::{AppendError, StreamWriter};
-use super::{data_event, error_event};
 use crate::cache::Usage;
 
 /// Why a stream did not complete. `Display` is the message clients receive in the error
 /// event; `detail` fields are for logs only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BrokenStream {
-    #[error("the upstream stream ended before [DONE]")]
+    #[error("the upstream stream ended before its completing event")]
     EndedWithoutDone,
     #[error("the upstream stream sent no event for {0:?}")]
     Stalled(Duration),
@@ -52,7 +52,7 @@ pub enum BrokenStream {
 /// How a relayed stream ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RelayOutcome {
-    /// `[DONE]` arrived: the stream may be cached.
+    /// The completing event arrived (chat: `[DONE]`): the stream may be cached.
     Completed,
     /// Readers received an error event; nothing may be cached.
     Broken(BrokenStream),
@@ -70,7 +70,7 @@ pub struct RelaySummary {
 }
 
 impl RelaySummary {
-    /// Whether the stream completed with `[DONE]`.
+    /// Whether the stream completed.
     pub fn completed(&self) -> bool {
         self.outcome == RelayOutcome::Completed
     }
@@ -92,13 +92,13 @@ pub async fn relay_response(
     relay_until(response.bytes_stream(), writer, stall_timeout, Some(total)).await
 }
 
-/// Reads `body` as SSE into the writer's log until `[DONE]` or a broken stream, then ends the
+/// Reads `body` as SSE into the writer's log until its completing event or a broken stream, then ends the
 /// log (complete or failed) and returns the summary.
 ///
 /// `stall_timeout` bounds the wait for each event, the first one included. Comments (such as
 /// keep-alives) are not events: they do not count as progress. The raw body is bounded by the
 /// log's `max_bytes` too, because the parser buffers an incomplete line in memory until it
-/// ends. Once `[DONE]` arrives the rest of the body is not read. Dropping the returned future
+/// ends. Once the completing event arrives the rest of the body is not read. Dropping the returned future
 /// drops the writer, which fails the log for its readers.
 pub async fn relay<S, E>(body: S, writer: StreamWriter, stall_timeout: Duration) -> RelaySummary
 where
@@ -150,12 +150,13 @@ async fn read_events<S>(
     mut writer: StreamWriter,
     stall_timeout: Duration,
     deadline: Option<(Instant, Duration)>,
-    usage: &mut Option<Usage>,
+    usage_out: &mut Option<Usage>,
 ) -> (RelayOutcome, Option<(StreamWriter, Bytes)>)
 where
     S: Stream<Item = Result<Bytes, ReadError>>,
 {
     let max_bytes = writer.log().max_bytes();
+    let format = writer.log().format();
     let mut events = pin!(SseByteStream::new(input));
     let broken = loop {
         let stall_at = Instant::now() + stall_timeout;
@@ -176,45 +177,38 @@ where
             // A block with only `id:`/`retry:`/`event:` fields carries nothing to relay.
             continue;
         };
-        if data.trim() == "[DONE]" {
-            writer.finish();
-            return (RelayOutcome::Completed, None);
-        }
-        let chunk = match serde_json::from_str::<Value>(&data) {
-            Ok(Value::Object(chunk)) => chunk,
-            Ok(_) => {
-                break BrokenStream::Malformed {
-                    detail: "event data is JSON but not an object".to_owned(),
-                };
+        let (event, counts) = match format.read(sse.event.as_deref(), &data) {
+            Frame::Event { event, usage } => (event, usage),
+            Frame::Skip => continue,
+            Frame::Complete { event, usage } => {
+                if usage.is_some() {
+                    *usage_out = usage;
+                }
+                if let Some(event) = event {
+                    match writer.append(event) {
+                        Ok(()) => {}
+                        Err(AppendError::Full { max_bytes }) => {
+                            return (
+                                RelayOutcome::Broken(BrokenStream::TooLarge { max_bytes }),
+                                None,
+                            );
+                        }
+                        Err(AppendError::Ended) => break BrokenStream::Abandoned,
+                    }
+                }
+                writer.finish();
+                return (RelayOutcome::Completed, None);
             }
-            Err(error) => {
-                break BrokenStream::Malformed {
-                    detail: format!("event data is not JSON: {error}"),
-                };
+            Frame::Failed(event) => {
+                return (
+                    RelayOutcome::Broken(BrokenStream::UpstreamError),
+                    Some((writer, event)),
+                );
             }
+            Frame::Malformed(detail) => break BrokenStream::Malformed { detail },
         };
-        if chunk.get("error").is_some_and(|error| !error.is_null()) {
-            let event = data_event(&Value::Object(chunk));
-            return (
-                RelayOutcome::Broken(BrokenStream::UpstreamError),
-                Some((writer, event)),
-            );
-        }
-        if sse.event.as_deref() == Some("error") {
-            // Event names are not relayed and clients recognise an error event by its
-            // `error` member, so a named error event without one is wrapped in one.
-            let event = data_event(&json!({ "error": chunk }));
-            return (
-                RelayOutcome::Broken(BrokenStream::UpstreamError),
-                Some((writer, event)),
-            );
-        }
-        let has_usage = chunk.get("usage").is_some_and(|usage| !usage.is_null());
-        let event = data_event(&Value::Object(chunk));
-        if has_usage {
-            if let Some(counts) = Usage::from_body(data.as_bytes()) {
-                *usage = Some(counts);
-            }
+        if counts.is_some() {
+            *usage_out = counts;
         }
         match writer.append(event) {
             Ok(()) => {}
@@ -229,7 +223,7 @@ where
             Err(AppendError::Ended) => break BrokenStream::Abandoned,
         }
     };
-    let event = error_event(&broken.to_string());
+    let event = writer.log().error_event(&broken.to_string());
     (RelayOutcome::Broken(broken), Some((writer, event)))
 }
 

@@ -76,7 +76,7 @@ pub fn force_include_usage(body: &Map<String, Value>) -> UpstreamStreamRequest {
 
 /// How one logged event looks to a caller who did not ask for usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum UsageFree {
+pub enum UsageFree {
     /// The event carries no `usage` member: the same bytes.
     Same,
     /// The usage-only chunk: not sent at all.
@@ -87,7 +87,7 @@ pub(super) enum UsageFree {
 
 impl UsageFree {
     /// Decides, once per logged event, what a caller who did not ask for usage receives.
-    pub(super) fn of(event: &[u8]) -> Self {
+    pub fn of(event: &[u8]) -> Self {
         let Some(mut chunk) = event_object(event) else {
             return Self::Same;
         };

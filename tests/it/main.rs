@@ -21,6 +21,7 @@ mod module_graph;
 mod operate;
 mod pricing;
 mod protection;
+mod responses;
 mod retry;
 mod retry_window;
 mod sdk;

@@ -207,6 +207,89 @@ async fn the_sdks_retry_after_the_flight_finished_is_answered_from_the_window() 
     }
 }
 
+/// The SDK's `client.responses` against corral's `POST /v1/responses`, one
+/// phase of `responses_check.py` at a time. Each herd is made deterministic by
+/// holding the mock until every caller waits on the one flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_sdks_responses_calls_are_deduplicated() {
+    // Installed (once) before any herd is timed.
+    let _sdk = Python::with_openai().await;
+    let gateway = TestGateway::start(|_| {}).await;
+    let url = gateway.url.clone();
+    let phase = |phase: &'static str| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            Python::with_openai()
+                .await
+                .run_script_with("responses_check.py", &url, &[phase])
+                .await
+        })
+    };
+    let checked = |(results, stderr): (Value, String)| {
+        let context = format!("results: {results}\nstderr: {stderr}");
+        assert_eq!(results["failures"], serde_json::json!([]), "{context}");
+        (results, context)
+    };
+
+    // 200 identical non-stream calls: one upstream call, then a HIT.
+    gateway.provider.hold();
+    let herd = phase("herd");
+    gateway.wait_for_waiters(200).await;
+    gateway.provider.release();
+    let (results, context) = checked(herd.await.unwrap());
+    assert_eq!(results["herd_misses"], 1, "{context}");
+    assert_eq!(results["herd_texts"], 1, "{context}");
+    assert_eq!(results["repeat_cache"], "HIT", "{context}");
+    assert_eq!(gateway.provider.calls(), 1, "{context}");
+
+    // 100 identical streams: one upstream stream, every sequence complete and equal.
+    gateway.provider.hold();
+    let streams = phase("stream");
+    gateway.wait_for_waiters(100).await;
+    gateway.provider.release();
+    let (results, context) = checked(streams.await.unwrap());
+    assert_eq!(results["stream_sequences"], 1, "{context}");
+    assert_eq!(results["stream_misses"], 1, "{context}");
+    assert_eq!(
+        results["stream_types"],
+        serde_json::json!(["response.created", "response.completed"]),
+        "{context}"
+    );
+    assert!(
+        matches!(
+            results["after_stream_cache"].as_str(),
+            Some("HIT" | "COALESCED")
+        ),
+        "{context}"
+    );
+    assert_eq!(gateway.provider.calls(), 2, "{context}");
+
+    // A stream cut before response.completed: every caller ends with the error
+    // event, nothing is cached, and the next identical call goes upstream.
+    gateway.provider.set_truncate_streams(true);
+    gateway.provider.hold();
+    let cut = phase("cut");
+    gateway.wait_for_waiters(20).await;
+    gateway.provider.release();
+    let (results, context) = checked(cut.await.unwrap());
+    assert_eq!(results["cut_sequences"], 1, "{context}");
+    assert_eq!(gateway.provider.calls(), 3, "{context}");
+    gateway.wait_idle().await;
+    gateway.provider.set_truncate_streams(false);
+    let (results, context) = checked(phase("again").await.unwrap());
+    assert_eq!(results["again_cache"], "MISS", "{context}");
+    assert_eq!(gateway.provider.calls(), 4, "{context}");
+
+    // previous_response_id A vs B: two calls; A again: a HIT.
+    let (_, context) = checked(phase("chain").await.unwrap());
+    assert_eq!(gateway.provider.calls(), 6, "{context}");
+    let chained: Vec<Value> = gateway.provider.requests()[4..]
+        .iter()
+        .map(|request| request.json().unwrap_or_default()["previous_response_id"].clone())
+        .collect();
+    assert_eq!(chained, ["resp_a", "resp_b"], "{context}");
+}
+
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
 pub(crate) struct Python {
     pythonpath: Option<PathBuf>,
@@ -249,6 +332,16 @@ impl Python {
     /// Runs `tests/sdk/<script> <base_url>/v1`; asserts it exited 0 and
     /// returns its last stdout line as JSON, and its stderr.
     async fn run_script(&self, script: &str, base_url: &str) -> (Value, String) {
+        self.run_script_with(script, base_url, &[]).await
+    }
+
+    /// As `run_script`, with more arguments after the base URL.
+    async fn run_script_with(
+        &self,
+        script: &str,
+        base_url: &str,
+        args: &[&str],
+    ) -> (Value, String) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/sdk")
             .join(script);
@@ -256,6 +349,7 @@ impl Python {
         command
             .arg(&script)
             .arg(format!("{base_url}/v1"))
+            .args(args)
             // The SDK (httpx) honours proxy variables; loopback must not go through one.
             .env("NO_PROXY", "127.0.0.1,localhost")
             .env("no_proxy", "127.0.0.1,localhost");

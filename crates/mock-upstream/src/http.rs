@@ -32,6 +32,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(responses))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
         .merge(admin::router())
@@ -51,6 +52,7 @@ enum Endpoint {
     Completions,
     Embeddings,
     AudioTranscriptions,
+    Responses,
 }
 
 /// The call number of a billable response, for the headers added by [`provider_headers`].
@@ -67,6 +69,10 @@ async fn completions(State(shared): State<Arc<Shared>>, request: Request) -> Res
 
 async fn embeddings(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::Embeddings, request).await
+}
+
+async fn responses(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::Responses, request).await
 }
 
 async fn transcriptions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -159,6 +165,7 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                     Endpoint::Completions => openai::completions(&body, arrival.call),
                     Endpoint::Embeddings => openai::embeddings(&body),
                     Endpoint::AudioTranscriptions => Ok(openai::transcription(&body)),
+                    Endpoint::Responses => super::responses::responses(&body, arrival.call),
                 };
                 if let (Endpoint::Embeddings, Ok(_)) = (endpoint, &answer) {
                     shared.embedded(openai::embedding_inputs(&body));

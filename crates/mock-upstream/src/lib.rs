@@ -2,7 +2,8 @@
 //! integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/models`), answered deterministically from the request body so that
+//! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/models`, and `/v1/responses` in
+//! `responses.rs`), answered deterministically from the request body so that
 //! identical requests get identical content and different requests differ (`openai.rs`). The
 //! ledger of billable calls: every call is counted and recorded on arrival, before anything can
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
@@ -17,6 +18,7 @@
 mod admin;
 mod http;
 mod openai;
+mod responses;
 #[cfg(test)]
 mod tests;
 

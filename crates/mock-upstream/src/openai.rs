@@ -327,7 +327,7 @@ pub(super) fn transcription(body: &[u8]) -> Answer {
     Answer::Json(json!({"text": format!("mock transcript of a {}-byte upload", body.len())}))
 }
 
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
+pub(super) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(InvalidRequest::new(
@@ -339,7 +339,7 @@ fn parse_object(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
     }
 }
 
-fn model(request: &Map<String, Value>) -> Result<String, InvalidRequest> {
+pub(super) fn model(request: &Map<String, Value>) -> Result<String, InvalidRequest> {
     match request.get("model") {
         Some(Value::String(model)) if !model.is_empty() => Ok(model.clone()),
         _ => Err(InvalidRequest::new("You must provide a model parameter.")),
@@ -347,7 +347,7 @@ fn model(request: &Map<String, Value>) -> Result<String, InvalidRequest> {
 }
 
 /// A boolean parameter; absent and `null` mean false.
-fn flag(request: &Map<String, Value>, name: &str) -> Result<bool, InvalidRequest> {
+pub(super) fn flag(request: &Map<String, Value>, name: &str) -> Result<bool, InvalidRequest> {
     match request.get(name) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(on)) => Ok(*on),
@@ -443,7 +443,7 @@ fn variant(base: &str, index: usize) -> String {
 }
 
 /// The text of a message: its string content, or its text parts concatenated.
-fn message_text(message: &Value) -> String {
+pub(super) fn message_text(message: &Value) -> String {
     match message.get("content") {
         Some(Value::String(text)) => text.clone(),
         Some(Value::Array(parts)) => parts
@@ -463,11 +463,11 @@ fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
 }
 
 /// Roughly four characters per token, as OpenAI's rule of thumb; never zero.
-fn approx_tokens(chars: usize) -> u64 {
+pub(super) fn approx_tokens(chars: usize) -> u64 {
     u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX).max(1)
 }
 
-fn word_count(text: &str) -> u64 {
+pub(super) fn word_count(text: &str) -> u64 {
     u64::try_from(text.split_whitespace().count()).unwrap_or(u64::MAX)
 }
 
@@ -537,7 +537,7 @@ fn write_canonical(value: &Value, out: &mut String) {
 }
 
 /// The first 12 hex digits of the SHA-256 of `text`.
-fn short_digest(text: &str) -> String {
+pub(super) fn short_digest(text: &str) -> String {
     let mut digest = hex::encode(Sha256::digest(text.as_bytes()));
     digest.truncate(12);
     digest
@@ -601,7 +601,7 @@ fn sse(event: &Value) -> Bytes {
     Bytes::from(format!("data: {event}\n\n"))
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_secs())

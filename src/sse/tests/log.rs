@@ -237,11 +237,11 @@ async fn a_caller_who_did_not_ask_never_sees_usage() {
 #[tokio::test]
 async fn a_replayed_log_serves_a_cached_stream_through_the_same_readers() {
     let cached = vec![numbered(0), numbered(1), Bytes::from_static(DONE_EVENT)];
-    let log = StreamLog::replay(cached.clone());
+    let log = StreamLog::replay(&crate::sse::CHAT, cached.clone());
     assert_eq!(log.end(), Some(LogEnd::Done));
     assert_eq!(drain(log.reader(CallerUsage::Asked)).await, cached);
     // Without the trailing [DONE] too.
-    let log = StreamLog::replay(cached[..2].to_vec());
+    let log = StreamLog::replay(&crate::sse::CHAT, cached[..2].to_vec());
     assert_eq!(drain(log.reader(CallerUsage::Asked)).await, cached);
 }
 
@@ -265,11 +265,14 @@ async fn the_reader_streams_through_an_axum_body() {
 
 #[tokio::test]
 async fn a_reader_that_falls_too_far_behind_a_live_stream_is_cut_with_an_error_event() {
-    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
-        max_bytes: 1 << 20,
-        max_reader_lag: 100,
-        tally: None,
-    });
+    let (log, mut writer) = StreamLog::with_limits(
+        &crate::sse::CHAT,
+        crate::sse::LogLimits {
+            max_bytes: 1 << 20,
+            max_reader_lag: 100,
+            tally: None,
+        },
+    );
     let big = |n: usize| event(&format!(r#"{{"n":{n},"pad":"{}"}}"#, "x".repeat(40)));
     writer.append(big(0)).unwrap();
     writer.append(big(1)).unwrap();
@@ -307,11 +310,14 @@ async fn a_reader_that_falls_too_far_behind_a_live_stream_is_cut_with_an_error_e
 
 #[tokio::test]
 async fn a_finished_log_is_never_cut_for_lag() {
-    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
-        max_bytes: 1 << 20,
-        max_reader_lag: 10,
-        tally: None,
-    });
+    let (log, mut writer) = StreamLog::with_limits(
+        &crate::sse::CHAT,
+        crate::sse::LogLimits {
+            max_bytes: 1 << 20,
+            max_reader_lag: 10,
+            tally: None,
+        },
+    );
     let reader = log.reader(CallerUsage::Asked);
     for n in 0..5 {
         writer.append(numbered(n)).unwrap();
@@ -323,11 +329,14 @@ async fn a_finished_log_is_never_cut_for_lag() {
 #[tokio::test]
 async fn the_tally_counts_a_log_while_any_handle_lives_and_returns_to_zero() {
     let tally = crate::sse::LogBytes::default();
-    let (log, mut writer) = StreamLog::with_limits(crate::sse::LogLimits {
-        max_bytes: 1 << 20,
-        max_reader_lag: usize::MAX,
-        tally: Some(tally.clone()),
-    });
+    let (log, mut writer) = StreamLog::with_limits(
+        &crate::sse::CHAT,
+        crate::sse::LogLimits {
+            max_bytes: 1 << 20,
+            max_reader_lag: usize::MAX,
+            tally: Some(tally.clone()),
+        },
+    );
     let reader = log.reader(CallerUsage::Asked);
     writer.append(numbered(1)).unwrap();
     writer.finish();

@@ -1,0 +1,162 @@
+//! `POST /v1/responses` over loopback HTTP: deterministic answers, the named event stream, and
+//! the truncation knob cutting it before `response.completed`.
+
+use futures::StreamExt as _;
+use serde_json::{Value, json};
+
+use crate::{MockProvider, MockSettings};
+
+async fn start() -> MockProvider {
+    MockProvider::start(MockSettings::default())
+        .await
+        .expect("starting the mock provider")
+}
+
+async fn post(mock: &MockProvider, body: &Value) -> reqwest::Response {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("a client")
+        .post(format!("{}/responses", mock.base_url()))
+        .json(body)
+        .send()
+        .await
+        .expect("sending the request")
+}
+
+fn request(text: &str) -> Value {
+    json!({
+        "model": "gpt-4o-mini",
+        "instructions": "Be terse.",
+        "input": [{"role": "user", "content": text}],
+    })
+}
+
+/// `(event name, data)` of every event; each event's name must equal its data's `type`.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.split_terminator("\n\n")
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {event:?}"));
+            let data: Value = serde_json::from_str(data).expect("JSON data");
+            assert_eq!(data["type"], name, "{event}");
+            (name.to_owned(), data)
+        })
+        .collect()
+}
+
+fn output_text(response: &Value) -> &str {
+    response["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn answers_depend_on_what_shapes_them_and_only_that() {
+    let mock = start().await;
+    let answer = |body: Value| {
+        let mock = &mock;
+        async move { post(mock, &body).await.json::<Value>().await.unwrap() }
+    };
+    let first = answer(request("hello")).await;
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["status"], "completed");
+    assert_eq!(first["output"][0]["type"], "message");
+    assert!(output_text(&first).ends_with("hello"), "{first}");
+    let usage = &first["usage"];
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap())
+    );
+    let again = answer(request("hello")).await;
+    assert_eq!(output_text(&again), output_text(&first));
+    assert_ne!(again["id"], first["id"], "each call is its own response");
+    let mut chained = request("hello");
+    chained["previous_response_id"] = json!("resp_a");
+    let a = answer(chained.clone()).await;
+    chained["previous_response_id"] = json!("resp_b");
+    let b = answer(chained).await;
+    assert_ne!(output_text(&a), output_text(&first));
+    assert_ne!(output_text(&a), output_text(&b));
+    let mut background = request("hello");
+    background["background"] = json!(true);
+    assert_eq!(answer(background).await["status"], "queued");
+    let bad = post(&mock, &json!({"model": "gpt-4o-mini"})).await;
+    assert_eq!(bad.status(), 400);
+    assert_eq!(mock.calls(), 6);
+}
+
+#[tokio::test]
+async fn a_stream_is_named_numbered_and_ends_with_the_whole_response() {
+    let mock = start().await;
+    let plain: Value = post(&mock, &request("stream me"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut streamed = request("stream me");
+    streamed["stream"] = json!(true);
+    let response = post(&mock, &streamed).await;
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let events = named_events(&response.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    assert_eq!(
+        names[names.len() - 4..],
+        [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    for (n, (_, data)) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], n);
+    }
+    let deltas: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap())
+        .collect();
+    let completed = &events.last().unwrap().1["response"];
+    assert_eq!(deltas, output_text(completed));
+    assert_eq!(output_text(completed), output_text(&plain));
+    assert_eq!(completed["usage"], plain["usage"]);
+    assert!(events[0].1["response"]["usage"].is_null());
+}
+
+#[tokio::test]
+async fn a_truncated_stream_is_cut_before_response_completed() {
+    let mock = start().await;
+    mock.set_truncate_streams(true);
+    let mut streamed = request("cut me short");
+    streamed["stream"] = json!(true);
+    let response = post(&mock, &streamed).await;
+    let mut body = Vec::new();
+    let mut aborted = false;
+    let mut frames = response.bytes_stream();
+    while let Some(frame) = frames.next().await {
+        match frame {
+            Ok(bytes) => body.extend_from_slice(&bytes),
+            Err(_) => {
+                aborted = true;
+                break;
+            }
+        }
+    }
+    assert!(aborted, "the connection must be cut, not the stream ended");
+    let events = named_events(std::str::from_utf8(&body).unwrap());
+    assert_eq!(events.last().unwrap().0, "response.output_text.delta");
+    assert!(events.iter().all(|(name, _)| name != "response.completed"));
+}

@@ -1,0 +1,125 @@
+//! [`StreamFormat`]: what the stream machinery (log, relay, cluster mirror) must know about one
+//! API's server-sent events, and nothing more.
+//!
+//! The log, the relay and the cluster relay handle bytes: every event is one whole SSE frame,
+//! kept byte for byte. Which frames complete a stream, which fail it, what ends a complete
+//! stream, and what a broken stream's last event looks like differ per API; each API's adapter
+//! (`wire/`) answers those questions through this trait. [`ChatStream`] is the OpenAI Chat
+//! Completions and Completions format (`data: <json>` events, `data: [DONE]` last).
+
+use std::fmt;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::usage::UsageFree;
+use super::{DONE_EVENT, data_event, done_event, error_event, event_json};
+use crate::cache::Usage;
+
+/// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold
+/// it without knowing which API it is.
+pub type Format = &'static dyn StreamFormat;
+
+/// What the stream machinery asks of an API's event format.
+pub trait StreamFormat: Send + Sync + fmt::Debug + 'static {
+    /// Reads one upstream SSE event: its `event:` name (if any) and its `data:`.
+    fn read(&self, name: Option<&str>, data: &str) -> Frame;
+
+    /// The event appended after the last one when a stream completes (chat: `data: [DONE]`);
+    /// `None` for formats whose completing event is itself part of the stream.
+    fn done_event(&self) -> Option<Bytes>;
+
+    /// The event that ends a broken stream for every reader, in the API's own error shape.
+    /// `position` is the number of events before it (for formats that number their events).
+    /// The message is for clients: detail belongs in logs.
+    fn error_event(&self, message: &str, position: usize) -> Bytes;
+
+    /// How a caller who did not ask for usage sees `event` (chat's `include_usage`); formats
+    /// that always report usage show every event as it is.
+    fn usage_free(&self, _event: &Bytes) -> UsageFree {
+        UsageFree::Same
+    }
+
+    /// The token counts a logged event carries, if it carries any.
+    fn event_usage(&self, event: &[u8]) -> Option<Usage>;
+}
+
+/// What the relay does with one upstream event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// An ordinary event, in corral's framing, with the usage it reports (if any).
+    Event { event: Bytes, usage: Option<Usage> },
+    /// The stream is complete: `event` (if any) is appended, then the log is finished (and the
+    /// format's [`done_event`](StreamFormat::done_event) appended). Nothing after it is read.
+    Complete {
+        event: Option<Bytes>,
+        usage: Option<Usage>,
+    },
+    /// The provider failed the stream: this event ends every reader's stream and nothing is
+    /// cached.
+    Failed(Bytes),
+    /// Nothing to relay (a frame without data the format cares about).
+    Skip,
+    /// Not an event of this format: the stream is broken.
+    Malformed(String),
+}
+
+/// OpenAI Chat Completions and Completions: `data: <json object>` events, `data: [DONE]` last,
+/// an error is an object with an `error` member.
+#[derive(Debug)]
+pub struct ChatStream;
+
+/// The chat stream format.
+pub static CHAT: ChatStream = ChatStream;
+
+impl StreamFormat for ChatStream {
+    fn read(&self, name: Option<&str>, data: &str) -> Frame {
+        if data.trim() == "[DONE]" {
+            return Frame::Complete {
+                event: None,
+                usage: None,
+            };
+        }
+        let chunk = match serde_json::from_str::<Value>(data) {
+            Ok(Value::Object(chunk)) => chunk,
+            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
+            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        };
+        if chunk.get("error").is_some_and(|error| !error.is_null()) {
+            return Frame::Failed(data_event(&Value::Object(chunk)));
+        }
+        if name == Some("error") {
+            // Event names are not relayed and clients recognise an error event by its
+            // `error` member, so a named error event without one is wrapped in one.
+            return Frame::Failed(data_event(&json!({ "error": chunk })));
+        }
+        let usage = chunk
+            .get("usage")
+            .is_some_and(|usage| !usage.is_null())
+            .then(|| Usage::from_body(data.as_bytes()))
+            .flatten();
+        Frame::Event {
+            event: data_event(&Value::Object(chunk)),
+            usage,
+        }
+    }
+
+    fn done_event(&self) -> Option<Bytes> {
+        Some(done_event())
+    }
+
+    fn error_event(&self, message: &str, _position: usize) -> Bytes {
+        error_event(message)
+    }
+
+    fn usage_free(&self, event: &Bytes) -> UsageFree {
+        UsageFree::of(event)
+    }
+
+    fn event_usage(&self, event: &[u8]) -> Option<Usage> {
+        if event == DONE_EVENT {
+            return None;
+        }
+        Usage::from_body(event_json(event)?)
+    }
+}

@@ -1,0 +1,99 @@
+//! One adapter per API wire format. The coalescer, the cache, the stream log,
+//! the cluster relay and the metrics handle bytes, events and [`Usage`]; what a
+//! body or an event of one API *means* is decided here, behind [`Wire`]:
+//!
+//! - `chat.rs`: OpenAI Chat Completions, Completions (and Embeddings, whose
+//!   requests leave for `embeddings/` before any stream or completeness rule);
+//! - `responses.rs`: OpenAI Responses (`POST /v1/responses`);
+//! - `anthropic.rs`: Anthropic Messages (`POST /v1/messages`).
+//!
+//! Adding an API is one more adapter: a file here implementing [`Wire`] (and
+//! [`StreamFormat`](crate::sse::StreamFormat) for its events), an
+//! [`Endpoint`] variant, its arm in [`of`], and its route.
+
+mod anthropic;
+mod chat;
+mod responses;
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::{
+    cache::Usage,
+    error::GatewayError,
+    fingerprint::{BodyKeying, Endpoint},
+    sse::{ConvertError, Format, UpstreamStreamRequest},
+    validate::InputLimits,
+};
+
+pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
+pub use responses::{RESPONSES, RESPONSES_STREAM};
+
+/// The adapter of `endpoint`'s wire format.
+pub fn of(endpoint: Endpoint) -> &'static dyn Wire {
+    match endpoint {
+        Endpoint::ChatCompletions => &CHAT,
+        Endpoint::Completions => &COMPLETIONS,
+        Endpoint::Embeddings => &EMBEDDINGS,
+        Endpoint::Responses => &RESPONSES,
+        Endpoint::Messages => &anthropic::MESSAGES,
+    }
+}
+
+/// What the deduplicated path asks of one API's wire format.
+pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
+    /// Which body fields are keyed (every one but the delivery fields), and
+    /// which holds the conversation whose text is normalized.
+    fn keying(&self) -> &'static BodyKeying;
+
+    /// Type and size checks of the parsed body; every client mistake is a 400
+    /// here, before anything goes upstream.
+    fn check(&self, body: &Map<String, Value>, limits: InputLimits) -> Result<(), GatewayError>;
+
+    /// Whether the request asks for a reproducible answer (temperature 0, or a
+    /// seed). Others are sampled: coalesced, and stored only under `cache.sampled`.
+    fn is_deterministic(&self, body: &Map<String, Value>) -> bool;
+
+    /// Whether the request may be coalesced and cached at all; one that may
+    /// not goes upstream as it came (`BYPASS`), e.g. a Responses `background` job.
+    fn dedupable(&self, _body: &Map<String, Value>) -> bool {
+        true
+    }
+
+    /// Whether the caller asked for a stream.
+    fn is_stream(&self, body: &Map<String, Value>) -> bool {
+        matches!(body.get("stream"), Some(Value::Bool(true)))
+    }
+
+    /// The API's stream events: completing, failing and error events.
+    fn stream_format(&self) -> Format;
+
+    /// The body of a streamed flight's upstream request (which always streams,
+    /// and asks for usage where the API needs asking), and whether the caller
+    /// asked for usage itself.
+    fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest;
+
+    /// The non-stream answer a completed stream's events amount to.
+    fn assemble(&self, events: &[Bytes]) -> Result<Value, ConvertError>;
+
+    /// A valid stream of events equivalent to a non-stream answer.
+    fn synthesize(&self, answer: &Value) -> Result<Vec<Bytes>, ConvertError>;
+
+    /// Whether a non-stream answer is complete, so it may be stored.
+    fn is_complete(&self, body: &[u8]) -> bool;
+
+    /// The token counts of a non-stream answer.
+    fn usage(&self, body: &[u8]) -> Option<Usage> {
+        Usage::from_body(body)
+    }
+}
+
+/// `temperature` 0 or a non-null `seed`: the request deserves the same answer twice.
+fn zero_temperature_or_seed(body: &Map<String, Value>) -> bool {
+    let zero_temperature = body
+        .get("temperature")
+        .and_then(Value::as_f64)
+        .is_some_and(|t| t == 0.0);
+    let seeded = body.get("seed").is_some_and(|seed| !seed.is_null());
+    zero_temperature || seeded
+}

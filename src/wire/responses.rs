@@ -1,0 +1,417 @@
+//! OpenAI Responses (`POST /v1/responses`).
+//!
+//! A stream is a sequence of named events, each `event: <type>\ndata: <json>\n\n` whose JSON
+//! carries the same `type` and an increasing `sequence_number`: `response.created`,
+//! `response.in_progress`, `response.output_item.added`, `response.content_part.added`,
+//! `response.output_text.delta`, ..., and last `response.completed`, whose `response` is the
+//! whole answer (usage included). There is no `[DONE]`. `response.failed`,
+//! `response.incomplete` and `error` end a stream that must not be cached, as does a stream cut
+//! before `response.completed`.
+//!
+//! So one stream and one object are the same answer: [`assemble`](Wire::assemble) takes the
+//! `response` of `response.completed`, and [`synthesize`](Wire::synthesize) rebuilds the event
+//! sequence the SDKs accumulate (items, content parts, text deltas of at most 64 characters).
+//!
+//! The request is keyed on every field but the delivery ones (`stream`, `stream_options`,
+//! `user`, `safety_identifier`): `previous_response_id`, `instructions`, `tools`, `reasoning`,
+//! `text` (its `format`), `include`, `store` and any field corral does not know all split the
+//! key. `input` items' text is normalized like chat `messages`. A request without
+//! `temperature: 0` is sampled. A `background` request (its first answer is not final) and one
+//! that appends to a server-side `conversation` (the same body means another context once the
+//! conversation moved on) go upstream as they came.
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::{Wire, zero_temperature_or_seed};
+use crate::{
+    cache::Usage,
+    error::GatewayError,
+    fingerprint::{BodyKeying, Endpoint},
+    sse::{CallerUsage, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest},
+    validate::{self, InputLimits, Kind},
+};
+
+/// The Responses adapter.
+#[derive(Debug)]
+pub struct ResponsesWire;
+
+pub static RESPONSES: ResponsesWire = ResponsesWire;
+
+/// The Responses stream format.
+#[derive(Debug)]
+pub struct ResponsesStream;
+
+pub static RESPONSES_STREAM: ResponsesStream = ResponsesStream;
+
+/// `error.code` of the error event a reader of a broken stream receives last.
+const BROKEN_STREAM_CODE: &str = "upstream_stream_broken";
+
+/// The event that completes a stream.
+const COMPLETED: &str = "response.completed";
+
+/// Longest piece of text (in characters) one synthesized delta carries.
+const PIECE_CHARS: usize = 64;
+
+/// Fields of a Responses body whose type the API fixes, beyond the common ones.
+const FIELD_KINDS: &[(&str, Kind)] = &[
+    ("instructions", Kind::TextOrArray),
+    ("previous_response_id", Kind::Text),
+    ("background", Kind::Bool),
+    ("store", Kind::Bool),
+    ("max_output_tokens", Kind::Integer),
+    ("max_tool_calls", Kind::Integer),
+    ("top_logprobs", Kind::Integer),
+    ("include", Kind::Array),
+    ("reasoning", Kind::Object),
+    ("text", Kind::Object),
+    ("metadata", Kind::Object),
+    ("safety_identifier", Kind::Text),
+];
+
+static KEYING: BodyKeying = BodyKeying {
+    ignored: |name| {
+        matches!(
+            name,
+            "stream" | "stream_options" | "user" | "safety_identifier"
+        )
+    },
+    messages: Some("input"),
+};
+
+impl Wire for ResponsesWire {
+    fn keying(&self) -> &'static BodyKeying {
+        &KEYING
+    }
+
+    fn check(&self, body: &Map<String, Value>, limits: InputLimits) -> Result<(), GatewayError> {
+        validate::check_fields(Endpoint::Responses, body, limits)?;
+        validate::check_kinds(body, FIELD_KINDS)
+    }
+
+    fn is_deterministic(&self, body: &Map<String, Value>) -> bool {
+        zero_temperature_or_seed(body)
+    }
+
+    fn dedupable(&self, body: &Map<String, Value>) -> bool {
+        let background = matches!(body.get("background"), Some(Value::Bool(true)));
+        let conversation = body.get("conversation").is_some_and(|c| !c.is_null());
+        !background && !conversation
+    }
+
+    fn stream_format(&self) -> Format {
+        &RESPONSES_STREAM
+    }
+
+    /// The stream always carries usage (in `response.completed`): only `stream` is forced.
+    fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
+        let mut upstream = body.clone();
+        upstream.insert("stream".to_owned(), Value::Bool(true));
+        UpstreamStreamRequest {
+            body: Bytes::from(Value::Object(upstream).to_string()),
+            caller_usage: CallerUsage::Asked,
+        }
+    }
+
+    /// The `response` of the stream's `response.completed`.
+    fn assemble(&self, events: &[Bytes]) -> Result<Value, ConvertError> {
+        for (index, event) in events.iter().enumerate() {
+            let Some(Value::Object(mut object)) = event_value(event) else {
+                return Err(ConvertError::NotJson { index });
+            };
+            match object.get("type").and_then(Value::as_str) {
+                Some(COMPLETED) => {
+                    return match object.remove("response") {
+                        Some(response @ Value::Object(_)) => Ok(response),
+                        _ => Err(ConvertError::Malformed("response.completed.response")),
+                    };
+                }
+                Some("error" | "response.failed" | "response.incomplete") => {
+                    return Err(ConvertError::ErrorEvent { index });
+                }
+                _ => {}
+            }
+        }
+        Err(ConvertError::Empty)
+    }
+
+    fn synthesize(&self, answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
+        synthesize(answer)
+    }
+
+    /// Complete when the response says so: `incomplete`, `failed`, `queued`
+    /// and `in_progress` answers are served, never stored.
+    fn is_complete(&self, body: &[u8]) -> bool {
+        serde_json::from_slice::<Value>(body).is_ok_and(|value| {
+            value.get("object").and_then(Value::as_str) == Some("response")
+                && value.get("status").and_then(Value::as_str) == Some("completed")
+        })
+    }
+}
+
+impl StreamFormat for ResponsesStream {
+    fn read(&self, name: Option<&str>, data: &str) -> Frame {
+        let object = match serde_json::from_str::<Value>(data) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
+            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        };
+        // The data's own `type` names the event; the SSE name only stands in for it.
+        let kind = match object.get("type").and_then(Value::as_str).or(name) {
+            Some(kind) => kind.to_owned(),
+            None => return Frame::Malformed("an event without a type".to_owned()),
+        };
+        let event = named_event(&kind, &Value::Object(object));
+        match kind.as_str() {
+            COMPLETED => {
+                let usage = self.event_usage(&event);
+                Frame::Complete {
+                    event: Some(event),
+                    usage,
+                }
+            }
+            "error" | "response.failed" | "response.incomplete" => Frame::Failed(event),
+            _ => Frame::Event { event, usage: None },
+        }
+    }
+
+    fn done_event(&self) -> Option<Bytes> {
+        None
+    }
+
+    /// `ResponseErrorEvent`, numbered after the events so far.
+    fn error_event(&self, message: &str, position: usize) -> Bytes {
+        named_event(
+            "error",
+            &json!({
+                "type": "error",
+                "code": BROKEN_STREAM_CODE,
+                "message": message,
+                "param": null,
+                "sequence_number": position,
+            }),
+        )
+    }
+
+    /// The usage of `response.completed` (no other event carries any).
+    fn event_usage(&self, event: &[u8]) -> Option<Usage> {
+        if !event.starts_with(b"event: response.completed\n") {
+            return None;
+        }
+        let response = event_value(event)?.get_mut("response")?.take();
+        Usage::from_body(&serde_json::to_vec(&response).ok()?)
+    }
+}
+
+/// `value` framed as one named SSE event: `event: <name>\ndata: <compact json>\n\n`.
+fn named_event(name: &str, value: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
+}
+
+/// The JSON text of an event in corral's framing.
+fn event_data(event: &[u8]) -> Option<&[u8]> {
+    let at = event.windows(7).position(|w| w == b"\ndata: ")?;
+    event[at + 7..].strip_suffix(b"\n\n")
+}
+
+fn event_value(event: &[u8]) -> Option<Value> {
+    serde_json::from_slice(event_data(event)?).ok()
+}
+
+/// A valid event sequence equivalent to a `response` object: created, in progress, per
+/// output item its added event, content parts (text and refusals as deltas of at most
+/// [`PIECE_CHARS`] characters, function call arguments as one delta) and done event, then
+/// `response.completed` with the object itself. Every event is numbered from 0.
+fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
+    let object = response
+        .as_object()
+        .ok_or(ConvertError::Malformed("response"))?;
+    match object.get("object").and_then(Value::as_str) {
+        Some("response") => {}
+        Some(other) => return Err(ConvertError::UnsupportedObject(other.to_owned())),
+        None => return Err(ConvertError::Malformed("object")),
+    }
+    let output = match object.get("output") {
+        Some(Value::Array(output)) => output.as_slice(),
+        None | Some(Value::Null) => &[][..],
+        Some(_) => return Err(ConvertError::Malformed("output")),
+    };
+    let mut events = Events::default();
+    let mut start = object.clone();
+    start.insert("status".to_owned(), json!("in_progress"));
+    start.insert("output".to_owned(), json!([]));
+    start.insert("usage".to_owned(), Value::Null);
+    if start.contains_key("completed_at") {
+        start.insert("completed_at".to_owned(), Value::Null);
+    }
+    let start = Value::Object(start);
+    events.push("response.created", json!({ "response": start }));
+    events.push("response.in_progress", json!({ "response": start }));
+    for (output_index, item) in output.iter().enumerate() {
+        synthesize_item(&mut events, output_index, item)?;
+    }
+    events.push(COMPLETED, json!({ "response": response }));
+    Ok(events.events)
+}
+
+fn synthesize_item(
+    events: &mut Events,
+    output_index: usize,
+    item: &Value,
+) -> Result<(), ConvertError> {
+    let fields = item
+        .as_object()
+        .ok_or(ConvertError::Malformed("output[]"))?;
+    let item_id = fields.get("id").cloned().unwrap_or(Value::Null);
+    let mut added = fields.clone();
+    if added.contains_key("status") {
+        added.insert("status".to_owned(), json!("in_progress"));
+    }
+    match fields.get("type").and_then(Value::as_str) {
+        Some("message") => {
+            added.insert("content".to_owned(), json!([]));
+            events.push(
+                "response.output_item.added",
+                json!({ "output_index": output_index, "item": added }),
+            );
+            let parts = match fields.get("content") {
+                Some(Value::Array(parts)) => parts.as_slice(),
+                _ => &[][..],
+            };
+            for (content_index, part) in parts.iter().enumerate() {
+                let at = json!({
+                    "item_id": item_id, "output_index": output_index, "content_index": content_index,
+                });
+                synthesize_part(events, &at, part)?;
+            }
+        }
+        Some("function_call") => {
+            added.insert("arguments".to_owned(), json!(""));
+            events.push(
+                "response.output_item.added",
+                json!({ "output_index": output_index, "item": added }),
+            );
+            let arguments = fields.get("arguments").and_then(Value::as_str);
+            if let Some(arguments) = arguments {
+                let at = json!({ "item_id": item_id, "output_index": output_index });
+                events.push(
+                    "response.function_call_arguments.delta",
+                    merged(&at, json!({ "delta": arguments })),
+                );
+                events.push(
+                    "response.function_call_arguments.done",
+                    merged(&at, json!({ "arguments": arguments })),
+                );
+            }
+        }
+        _ => events.push(
+            "response.output_item.added",
+            json!({ "output_index": output_index, "item": item }),
+        ),
+    }
+    events.push(
+        "response.output_item.done",
+        json!({ "output_index": output_index, "item": item }),
+    );
+    Ok(())
+}
+
+/// One content part of a message: added (empty), its deltas and their done event, done (whole).
+fn synthesize_part(events: &mut Events, at: &Value, part: &Value) -> Result<(), ConvertError> {
+    let fields = part
+        .as_object()
+        .ok_or(ConvertError::Malformed("output[].content[]"))?;
+    let (text_field, delta_kind) = match fields.get("type").and_then(Value::as_str) {
+        Some("output_text") => ("text", "response.output_text"),
+        Some("refusal") => ("refusal", "response.refusal"),
+        _ => {
+            events.push(
+                "response.content_part.added",
+                merged(at, json!({ "part": part })),
+            );
+            events.push(
+                "response.content_part.done",
+                merged(at, json!({ "part": part })),
+            );
+            return Ok(());
+        }
+    };
+    let text = fields
+        .get(text_field)
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut empty = fields.clone();
+    empty.insert(text_field.to_owned(), json!(""));
+    if let Some(Value::Array(annotations)) = empty.get_mut("annotations") {
+        annotations.clear();
+    }
+    if let Some(Value::Array(logprobs)) = empty.get_mut("logprobs") {
+        logprobs.clear();
+    }
+    events.push(
+        "response.content_part.added",
+        merged(at, json!({ "part": empty })),
+    );
+    let is_text = text_field == "text";
+    for piece in pieces(text) {
+        let mut delta = json!({ "delta": piece });
+        if is_text {
+            delta["logprobs"] = json!([]);
+        }
+        events.push(&format!("{delta_kind}.delta"), merged(at, delta));
+    }
+    let mut done = json!({ text_field: text });
+    if is_text {
+        done["logprobs"] = fields.get("logprobs").cloned().unwrap_or(json!([]));
+    }
+    events.push(&format!("{delta_kind}.done"), merged(at, done));
+    events.push(
+        "response.content_part.done",
+        merged(at, json!({ "part": part })),
+    );
+    Ok(())
+}
+
+/// `base`'s members, then `extra`'s.
+fn merged(base: &Value, extra: Value) -> Value {
+    let mut object = base.as_object().cloned().unwrap_or_default();
+    if let Value::Object(extra) = extra {
+        object.extend(extra);
+    }
+    Value::Object(object)
+}
+
+/// Synthesized events, numbered as they are pushed.
+#[derive(Default)]
+struct Events {
+    events: Vec<Bytes>,
+}
+
+impl Events {
+    fn push(&mut self, kind: &str, mut value: Value) {
+        if let Value::Object(object) = &mut value {
+            object.insert("type".to_owned(), json!(kind));
+            object.insert("sequence_number".to_owned(), json!(self.events.len()));
+        }
+        self.events.push(named_event(kind, &value));
+    }
+}
+
+/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries.
+fn pieces(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let cut = rest
+            .char_indices()
+            .nth(PIECE_CHARS)
+            .map_or(rest.len(), |(at, _)| at);
+        let (piece, tail) = rest.split_at(cut);
+        pieces.push(piece);
+        rest = tail;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests;

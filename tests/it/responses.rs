@@ -1,0 +1,384 @@
+//! `POST /v1/responses` (OpenAI Responses) deduplicated like chat: one upstream call (or stream)
+//! for identical callers of either kind, named events shared byte for byte, the stream cached
+//! only on `response.completed`, broken streams failing every reader, `background` requests and
+//! the stateful `/v1/responses/{id}` routes passed through, and the metrics under the model.
+
+use std::{collections::HashSet, time::Duration};
+
+use bytes::Bytes;
+use corral::config::{ModelPrice, PriceTable, RedisConfig, Secret};
+use mock_upstream::{MockProvider, MockSettings};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::{
+    harness::{Fleet, Reply, TestGateway, WAIT},
+    metrics::{scrape, sum},
+    redis_server::RedisServer,
+};
+
+const PATH: &str = "/v1/responses";
+
+fn request(text: &str) -> Value {
+    json!({
+        "model": "gpt-4o-mini",
+        "temperature": 0,
+        "instructions": "Be terse.",
+        "input": [{"role": "user", "content": text}],
+    })
+}
+
+fn streaming(text: &str) -> Value {
+    let mut body = request(text);
+    body["stream"] = json!(true);
+    body
+}
+
+/// `(name, data)` of each event of a Responses SSE body; a name must equal its data's `type`.
+fn events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    text.split_terminator("\n\n")
+        .map(|frame| {
+            let (name, data) = frame
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {frame:?}"));
+            let data: Value = serde_json::from_str(data).expect("event data is JSON");
+            assert_eq!(data["type"], name, "{frame}");
+            (name.to_owned(), data)
+        })
+        .collect()
+}
+
+/// Checks a complete Responses stream (numbered from 0, `response.completed` last, no
+/// `[DONE]`) and returns its completed `response`.
+fn completed(reply: &Reply) -> Value {
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = events(&reply.body);
+    for (n, (_, data)) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], n, "numbered in order");
+    }
+    let (name, last) = events.last().expect("events");
+    assert_eq!(name, "response.completed");
+    let text: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .map(|(_, data)| data["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, output_text(&last["response"]), "deltas add up");
+    last["response"].clone()
+}
+
+fn output_text(response: &Value) -> &str {
+    response["output"][0]["content"][0]["text"]
+        .as_str()
+        .expect("an output text")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_and_non_stream_callers_share_one_call() {
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.hold();
+    let handle = gateway.clone_handle();
+    let spawn = |i: usize| {
+        let handle = handle.clone();
+        let body = if i % 2 == 0 {
+            streaming("mixed callers")
+        } else {
+            request("mixed callers")
+        };
+        tokio::spawn(async move { (i % 2 == 0, handle.post_with(PATH, &body, &[]).await) })
+    };
+    // A streaming caller owns the flight, so the upstream call streams and the
+    // non-stream callers get the response of its `response.completed`.
+    let mut tasks = vec![spawn(0)];
+    gateway.wait_for_waiters(1).await;
+    tasks.extend((1..100).map(spawn));
+    gateway.wait_for_waiters(100).await;
+    gateway.provider.release();
+    let (mut streams, mut plain) = (HashSet::new(), HashSet::new());
+    let mut bodies = HashSet::new();
+    for task in tasks {
+        let (is_stream, reply) = task.await.unwrap();
+        if is_stream {
+            bodies.insert(reply.body.clone());
+            streams.insert(completed(&reply).to_string());
+        } else {
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(reply.json()["object"], "response");
+            plain.insert(reply.json().to_string());
+        }
+    }
+    assert_eq!(
+        gateway.provider.calls(),
+        1,
+        "one upstream call for both kinds"
+    );
+    assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+    assert_eq!(
+        streams, plain,
+        "a non-stream caller gets the response of response.completed"
+    );
+    let sent = gateway.provider.requests()[0].json().unwrap();
+    assert_eq!(sent["stream"], true, "the shared call streams");
+    assert!(
+        sent.get("stream_options").is_none(),
+        "Responses needs no usage option"
+    );
+
+    // Both kinds of repeat are served from the cache; the stream is synthesized.
+    gateway.wait_idle().await;
+    let hit = gateway.post(PATH, &request("mixed callers")).await;
+    assert_eq!(hit.cache(), "HIT");
+    assert_eq!(hit.json().to_string(), *plain.iter().next().unwrap());
+    let replayed = gateway.post(PATH, &streaming("mixed callers")).await;
+    assert_eq!(replayed.cache(), "HIT");
+    assert_eq!(completed(&replayed), hit.json());
+    assert_eq!(gateway.provider.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_stream_fails_every_reader_and_is_not_cached() {
+    let gateway = TestGateway::start(|_| {}).await;
+    gateway.provider.set_truncate_streams(true);
+    let body = streaming("this stream will break");
+    let replies = gateway.herd(PATH, &body, 20, &[]).await;
+    let bodies: HashSet<&Bytes> = replies.iter().map(|r| &r.body).collect();
+    assert_eq!(bodies.len(), 1, "every reader got the same events");
+    let events = events(&replies[0].body);
+    let (name, error) = events.last().unwrap();
+    assert_eq!(name, "error");
+    assert_eq!(error["code"], "upstream_stream_broken");
+    assert_eq!(error["sequence_number"], events.len() - 1);
+    assert!(events.iter().all(|(name, _)| name != "response.completed"));
+    assert_eq!(gateway.provider.calls(), 1);
+    gateway.wait_idle().await;
+    gateway.provider.set_truncate_streams(false);
+    let next = gateway.post(PATH, &body).await;
+    assert_eq!(next.cache(), "MISS", "nothing was cached");
+    completed(&next);
+    assert_eq!(gateway.provider.calls(), 2);
+}
+
+#[tokio::test]
+async fn keyed_fields_split_and_delivery_fields_do_not() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let mut a = request("chained");
+    a["previous_response_id"] = json!("resp_a");
+    let mut b = a.clone();
+    b["previous_response_id"] = json!("resp_b");
+    let first = gateway.post(PATH, &a).await;
+    let second = gateway.post(PATH, &b).await;
+    assert_eq!((first.cache(), second.cache()), ("MISS", "MISS"));
+    assert_ne!(output_text(&first.json()), output_text(&second.json()));
+    let mut delivered = a.clone();
+    delivered["user"] = json!("someone-else");
+    delivered["stream_options"] = json!({"include_obfuscation": false});
+    assert_eq!(gateway.post(PATH, &delivered).await.cache(), "HIT");
+    let mut formatted = a.clone();
+    formatted["text"] = json!({"format": {"type": "json_object"}});
+    assert_eq!(gateway.post(PATH, &formatted).await.cache(), "MISS");
+    assert_eq!(gateway.provider.calls(), 3);
+    // Sampled (no temperature): never stored, so a repeat calls again.
+    let mut sampled = request("sampled");
+    sampled.as_object_mut().unwrap().remove("temperature");
+    assert_eq!(gateway.post(PATH, &sampled).await.cache(), "MISS");
+    assert_eq!(gateway.post(PATH, &sampled).await.cache(), "MISS");
+    assert_eq!(gateway.provider.calls(), 5);
+    // A client mistake is an OpenAI-shaped 400 before anything goes upstream.
+    let mut bad = request("bad");
+    bad["previous_response_id"] = json!(7);
+    let reply = gateway.post(PATH, &bad).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.json()["error"]["param"], "previous_response_id");
+    assert_eq!(gateway.provider.calls(), 5);
+}
+
+#[tokio::test]
+async fn background_requests_and_stored_responses_pass_through() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let mut background = request("later");
+    background["background"] = json!(true);
+    for _ in 0..2 {
+        let reply = gateway.post(PATH, &background).await;
+        assert_eq!(reply.cache(), "BYPASS");
+        assert_eq!(reply.json()["status"], "queued");
+    }
+    assert_eq!(gateway.provider.calls(), 2, "never coalesced nor cached");
+    // The stateful routes are relayed to the provider (the caller brings its own key).
+    let auth = [("authorization", "Bearer sk-caller")];
+    let get = gateway
+        .client
+        .get(format!("{}{PATH}/resp_1", gateway.url))
+        .header(auth[0].0, auth[0].1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), StatusCode::NOT_FOUND, "the mock's own answer");
+    let items = gateway
+        .client
+        .get(format!("{}{PATH}/resp_1/input_items", gateway.url))
+        .header(auth[0].0, auth[0].1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(items.status(), StatusCode::NOT_FOUND);
+    let delete = gateway
+        .client
+        .delete(format!("{}{PATH}/resp_1", gateway.url))
+        .header(auth[0].0, auth[0].1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(delete.status(), StatusCode::NOT_FOUND);
+    let cancel = gateway
+        .post_with(&format!("{PATH}/resp_1/cancel"), &json!({}), &auth)
+        .await;
+    assert_eq!(cancel.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        gateway.provider.received()[2..],
+        [
+            "GET /v1/responses/resp_1",
+            "GET /v1/responses/resp_1/input_items",
+            "DELETE /v1/responses/resp_1",
+            "POST /v1/responses/resp_1/cancel",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn stored_responses_need_the_policy_with_corrals_own_key() {
+    let shared_key = |config: &mut corral::Config| {
+        config.upstreams[0].api_key = Some(Secret::new("sk-corral".into()));
+    };
+    let gateway = TestGateway::start(shared_key).await;
+    let refused = gateway.get("/v1/responses/resp_1").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert_eq!(refused.json()["error"]["code"], "passthrough_denied");
+    // The deduplicated create is served with corral's key, like chat.
+    assert_eq!(
+        gateway.post(PATH, &request("own key")).await.status,
+        StatusCode::OK
+    );
+    let allowed = TestGateway::start(|config| {
+        shared_key(config);
+        config.passthrough.allow = vec!["GET /v1/responses/*".into()];
+    })
+    .await;
+    let reply = allowed.get("/v1/responses/resp_1").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "the mock's own answer");
+    assert_eq!(allowed.provider.received(), ["GET /v1/responses/resp_1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_count_tokens_and_saved_responses_under_the_model() {
+    let gateway = TestGateway::start(|config| {
+        config.pricing.as_of = Some("2026-03-21".into());
+        config.pricing.models = PriceTable(vec![(
+            "gpt-4o-mini".into(),
+            ModelPrice {
+                input: 0.15,
+                output: 0.6,
+                cached_input: None,
+                cache_write: None,
+            },
+        )]);
+    })
+    .await;
+    let herd = gateway.herd(PATH, &streaming("count me"), 10, &[]).await;
+    let usage = completed(&herd[0])["usage"].clone();
+    // The flight stores the answer after its last event reached the readers.
+    gateway.wait_idle().await;
+    let repeat = gateway.post(PATH, &request("count me")).await;
+    assert_eq!(repeat.cache(), "HIT");
+    assert_eq!(gateway.provider.calls(), 1);
+    let input = usage["input_tokens"].as_f64().unwrap();
+    let output = usage["output_tokens"].as_f64().unwrap();
+    assert!(input > 0.0 && output > 0.0, "{usage}");
+
+    let m = scrape(&gateway).await;
+    let model = ("model", "gpt-4o-mini");
+    assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 10.0);
+    let tokens = |kind, source| {
+        sum(
+            &m,
+            "corral_tokens_total",
+            &[model, ("kind", kind), ("source", source)],
+        )
+    };
+    assert_eq!(tokens("input", "upstream"), input);
+    assert_eq!(tokens("output", "upstream"), output);
+    assert_eq!(tokens("input", "saved"), 10.0 * input);
+    assert_eq!(tokens("output", "saved"), 10.0 * output);
+    let saved = sum(&m, "corral_cost_usd_total", &[model, ("source", "saved")]);
+    let expected = 10.0 * (input * 0.15 + output * 0.6) / 1e6;
+    assert!((saved - expected).abs() < 1e-9, "{saved} != {expected}");
+    let requests = |cache| {
+        sum(
+            &m,
+            "corral_requests_total",
+            &[("endpoint", "responses"), ("cache", cache)],
+        )
+    };
+    assert_eq!(
+        (requests("MISS"), requests("COALESCED"), requests("HIT")),
+        (1.0, 9.0, 1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_is_shared_live_across_instances() {
+    let redis = RedisServer::spawn().await;
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(50),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let fleet = Fleet::start_with(provider, 2, |config| {
+        config.redis = Some(RedisConfig {
+            url: Some(redis.url()),
+            op_timeout: Duration::from_secs(2),
+            ..RedisConfig::default()
+        });
+    })
+    .await;
+    let body = streaming("relay this Responses stream live to another instance of the gateway");
+    let mut owner = fleet.instances[0]
+        .client
+        .post(format!("{}{PATH}", fleet.instances[0].url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut owner_bytes = Vec::new();
+    while owner_bytes.windows(2).filter(|w| w == b"\n\n").count() < 3 {
+        let chunk = tokio::time::timeout(WAIT, owner.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    // Joins on the other instance while the owner's stream is still running.
+    let follower = fleet.instances[1].post(PATH, &body).await;
+    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        owner_bytes.extend_from_slice(&chunk);
+    }
+    assert_eq!(follower.cache(), "COALESCED");
+    // A replay of the finished answer would be synthesized differently (and
+    // numbered anew): equal bytes mean the owner's own events came through Redis.
+    assert_eq!(follower.body, Bytes::from(owner_bytes));
+    completed(&follower);
+    assert_eq!(fleet.provider.calls(), 1);
+}
