@@ -31,8 +31,8 @@ use redis::{AsyncCommands, Script};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use announce::Interest;
-use announce::{Dispatch, run_subscriber};
+pub use announce::{AnnounceCounts, Interest};
+use announce::{Dispatch, Target, Wake, run_subscriber};
 use connection::LazyConn;
 pub use ledger::{RedisLedger, ledger_key};
 pub use purge::{RedisPurges, purge_key};
@@ -162,8 +162,18 @@ impl Keys {
         format!("{}:{token}", self.key(key, "events"))
     }
 
-    pub fn channel(&self) -> String {
-        format!("{}:v1:done", self.prefix)
+    /// The channel announcing that `fingerprint`'s flight is done. Its hash
+    /// tag is the fingerprint's, so in Redis Cluster the sharded channel lives
+    /// on the node that holds the flight's lock and record.
+    pub fn done_channel(&self, fingerprint: &Fingerprint) -> String {
+        format!("{}:v1:done:{{{}}}", self.prefix, fingerprint.hex())
+    }
+
+    /// The fingerprint a [`done_channel`](Self::done_channel) announces.
+    pub fn fingerprint_of_channel(&self, channel: &[u8]) -> Option<Fingerprint> {
+        let rest = channel.strip_prefix(self.prefix.as_bytes())?;
+        let hex = rest.strip_prefix(b":v1:done:{")?.strip_suffix(b"}")?;
+        Fingerprint::from_hex(std::str::from_utf8(hex).ok()?)
     }
 }
 
@@ -186,6 +196,9 @@ pub struct Cluster {
     shared_reads: AtomicU64,
     /// Encrypts values at rest (`redis.encryption_key_env`), bound to their key.
     sealer: Option<Sealer>,
+    /// Announcements published, and the subscribers Redis said they reached.
+    published: AtomicU64,
+    delivered: AtomicU64,
 }
 
 impl Cluster {
@@ -214,10 +227,16 @@ impl Cluster {
                 .encryption_key
                 .as_ref()
                 .map(|key| Sealer::new(key.expose())),
+            published: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
         });
+        let target = match config.is_cluster() {
+            true => Target::Cluster(config.node_urls()),
+            false => Target::Single(config.node_urls()[0].clone()),
+        };
         tokio::spawn(run_subscriber(
-            config.node_urls()[0].clone(),
-            cluster.keys.channel(),
+            target,
+            cluster.keys.clone(),
             dispatch,
             config.op_timeout,
             stop.clone(),
@@ -236,6 +255,20 @@ impl Cluster {
 
     pub fn subscribed(&self) -> tokio::sync::watch::Receiver<bool> {
         self.dispatch.subscribed()
+    }
+
+    /// The number of announcement channels this instance is subscribed to.
+    pub fn announcement_channels(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.dispatch.channels()
+    }
+
+    /// What this instance published, heard and woke up for since start.
+    pub fn announce_counts(&self) -> AnnounceCounts {
+        AnnounceCounts {
+            published: self.published.load(Ordering::Relaxed),
+            delivered: self.delivered.load(Ordering::Relaxed),
+            ..self.dispatch.counts()
+        }
     }
 
     /// Resolves once the first connection to Redis is up (and subscribed).
@@ -606,13 +639,28 @@ impl Cluster {
         Ok(released == 1)
     }
 
+    /// Announces that `key`'s flight is done, on the fingerprint's own
+    /// channel: only instances whose followers wait on it hear it. Sharded
+    /// (`SPUBLISH`) in Redis Cluster, so the message stays on one shard.
     pub async fn announce(&self, key: &CacheKey) -> Result<(), Unavailable> {
-        let channel = self.keys.channel();
-        let payload = key.fingerprint.hex();
-        self.run("announce", |mut conn| async move {
-            conn.publish::<_, _, ()>(channel, payload).await
-        })
-        .await
+        let channel = self.keys.done_channel(&key.fingerprint);
+        let publish = match self.config.is_cluster() {
+            true => "SPUBLISH",
+            false => "PUBLISH",
+        };
+        // The channel names the flight; the message needs no body.
+        let receivers: u64 = self
+            .run("announce", |mut conn| async move {
+                redis::cmd(publish)
+                    .arg(channel)
+                    .arg("")
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        self.published.fetch_add(1, Ordering::Relaxed);
+        self.delivered.fetch_add(receivers, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Keeps the lease alive while `work` runs: extends every third of the
@@ -682,12 +730,22 @@ impl Cluster {
     }
 
     /// Waits as a remote follower for the flight of the owner holding
-    /// `token`: announcements, with a backstop poll that backs off with jitter
-    /// up to `redis.poll_interval`.
+    /// `token`: announcements, with a backstop poll every `redis.poll_interval`
+    /// (jittered); while the subscription is not confirmed, the poll starts at
+    /// 20 ms and backs off up to that interval.
     pub async fn follow(&self, key: &CacheKey, mut token: String, deadline: Instant) -> Follow {
-        // Subscribe before the first read, so an announcement in between is kept.
-        let interest = self.dispatch.register(key.fingerprint);
-        let mut delay = Duration::from_millis(20).min(self.config.poll_interval);
+        // Subscribed (confirmed by Redis) before the first read, so an
+        // announcement in between is kept; bounded, and skipped while the
+        // subscriber is down.
+        let mut interest = self.dispatch.register(key.fingerprint);
+        let bound = self
+            .config
+            .op_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
+        let mut delay = match interest.live(bound).await {
+            true => self.config.poll_interval,
+            false => Duration::from_millis(20).min(self.config.poll_interval),
+        };
         loop {
             match self.get_record(key).await {
                 Ok(Some(record)) if record.token == token => return Follow::Done(record),
@@ -711,8 +769,8 @@ impl Cluster {
             }
             let jittered = delay.mul_f64(rand::rng().random_range(0.5..=1.0));
             tokio::select! {
-                _ = interest.notified() => {}
-                _ = tokio::time::sleep(jittered) => {}
+                _ = interest.notified() => self.dispatch.count_wake(Wake::Announcement),
+                _ = tokio::time::sleep(jittered) => self.dispatch.count_wake(Wake::Poll),
                 _ = tokio::time::sleep_until(deadline) => {}
             }
             delay = (delay * 2).min(self.config.poll_interval);

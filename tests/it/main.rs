@@ -6,6 +6,7 @@ mod harness;
 mod prompts_golden;
 mod redis_server;
 
+mod announce;
 mod bad_input;
 mod cluster;
 mod cost;
