@@ -13,6 +13,7 @@ mod cost;
 mod dashboard;
 mod deadlines;
 mod dedup;
+mod deploy;
 mod edges;
 mod embeddings;
 mod fuzz_corpora;
