@@ -318,7 +318,14 @@ impl Link {
                 let (sink, mut stream) = client.get_async_pubsub().await?.split();
                 let keys = keys.clone();
                 tokio::spawn(async move {
-                    while let Some(message) = stream.next().await {
+                    // Ends with the connection, or when the subscriber moved on
+                    // to a new one (the receiver is gone): the old connection closes.
+                    loop {
+                        let message = tokio::select! {
+                            message = stream.next() => message,
+                            _ = events.closed() => return,
+                        };
+                        let Some(message) = message else { break };
                         if let Some(fingerprint) =
                             keys.fingerprint_of_channel(message.get_channel_name().as_bytes())
                         {
@@ -426,6 +433,8 @@ pub async fn run_subscriber(
             dispatch.channels.send_replace(0);
             tracing::warn!("announcement subscriber lost its connection; reconnecting");
         }
+        // What changed meanwhile is read afresh from the interests on the next connection.
+        let _ = dispatch.take_dirty();
         let jittered = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -1055,9 +1055,38 @@ mod tests {
         assert!(entry.starts_with(&format!("corral:v1:{}:resp:{{", scope.as_str())));
         assert!(entry.ends_with(&format!("{{{}}}", fingerprint.hex())));
         assert!(!entry.contains("sk-secret"));
-        for name in [keys.entry(&key), keys.lock(&key), keys.record(&key)] {
+        for name in [
+            keys.entry(&key),
+            keys.lock(&key),
+            keys.record(&key),
+            keys.done_channel(&fingerprint),
+        ] {
             let tag = &name[name.find('{').unwrap()..=name.find('}').unwrap()];
             assert_eq!(tag, format!("{{{}}}", fingerprint.hex()));
+        }
+    }
+
+    #[test]
+    fn a_done_channel_names_its_fingerprint_and_nothing_else_does() {
+        let key = CacheKey::for_tests(TenantScope::of_credential(None, Some(b"k")), b"{}");
+        let keys = Keys::new("corral");
+        let channel = keys.done_channel(&key.fingerprint);
+        assert_eq!(
+            keys.fingerprint_of_channel(channel.as_bytes()),
+            Some(key.fingerprint)
+        );
+        for other in [
+            "corral:v1:done".to_owned(),
+            keys.entry(&key),
+            channel.replace("corral", "other"),
+            channel.trim_end_matches('}').to_owned(),
+            format!("{channel}x"),
+        ] {
+            assert_eq!(
+                keys.fingerprint_of_channel(other.as_bytes()),
+                None,
+                "{other}"
+            );
         }
     }
 }
