@@ -48,6 +48,8 @@ pub struct Dispatch {
     subscribed: watch::Sender<bool>,
     /// Channels subscribed right now (tests wait on it).
     channels: watch::Sender<usize>,
+    /// Followers parked in their wait right now, past their reads (tests wait on it).
+    parked: watch::Sender<usize>,
     counts: Counts,
 }
 
@@ -148,6 +150,15 @@ impl Drop for Interest {
     }
 }
 
+/// A follower parked in its wait (see [`Dispatch::park`]).
+pub struct Parked(Arc<Dispatch>);
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.0.parked.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
 /// Why a follower's wait ended.
 #[derive(Debug, Clone, Copy)]
 pub enum Wake {
@@ -162,6 +173,7 @@ impl Default for Dispatch {
             changed: Notify::new(),
             subscribed: watch::Sender::new(false),
             channels: watch::Sender::new(0),
+            parked: watch::Sender::new(0),
             counts: Counts::default(),
         }
     }
@@ -247,6 +259,17 @@ impl Dispatch {
     /// The number of channels subscribed right now.
     pub fn channels(&self) -> watch::Receiver<usize> {
         self.channels.subscribe()
+    }
+
+    /// Marks a follower parked in its wait until the guard drops.
+    pub fn park(self: &Arc<Self>) -> Parked {
+        self.parked.send_modify(|n| *n += 1);
+        Parked(self.clone())
+    }
+
+    /// The number of followers parked in their wait right now.
+    pub fn parked(&self) -> watch::Receiver<usize> {
+        self.parked.subscribe()
     }
 
     pub fn count_wake(&self, wake: Wake) {

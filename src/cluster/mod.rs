@@ -262,6 +262,12 @@ impl Cluster {
         self.dispatch.channels()
     }
 
+    /// The number of remote followers on this instance parked in their
+    /// wait (past their reads) right now.
+    pub fn followers_parked(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.dispatch.parked()
+    }
+
     /// What this instance published, heard and woke up for since start.
     pub fn announce_counts(&self) -> AnnounceCounts {
         AnnounceCounts {
@@ -768,6 +774,7 @@ impl Cluster {
                 return Follow::TimedOut;
             }
             let jittered = delay.mul_f64(rand::rng().random_range(0.5..=1.0));
+            let _parked = self.dispatch.park();
             tokio::select! {
                 _ = interest.notified() => self.dispatch.count_wake(Wake::Announcement),
                 _ = tokio::time::sleep(jittered) => self.dispatch.count_wake(Wake::Poll),

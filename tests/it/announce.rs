@@ -40,6 +40,16 @@ async fn wait_for_channels(instance: &TestGateway, n: usize) {
         .expect("the subscriber runs");
 }
 
+/// Resolves once a remote follower on `instance` has read the record, not
+/// found it, and waits: from then on only an announcement or the poll wakes it.
+async fn wait_for_parked_follower(instance: &TestGateway) {
+    let mut parked = instance.state.cluster.as_ref().unwrap().followers_parked();
+    tokio::time::timeout(WAIT, parked.wait_for(|n| *n == 1))
+        .await
+        .expect("the follower never waited")
+        .expect("the subscriber runs");
+}
+
 /// A answers five requests nobody on B waits on, then owns a flight that a
 /// caller on B follows. B's subscriber hears exactly one announcement: the
 /// followed flight's. Redis delivers one connection's messages in publish
@@ -70,8 +80,10 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
         let (handle, body) = (b.clone_handle(), body.clone());
         tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
     };
-    // B's follower registered its interest and Redis confirmed the subscription.
+    // B's follower registered its interest, Redis confirmed the subscription,
+    // and the follower read the record (not there yet) and waits.
     wait_for_channels(b, 1).await;
+    wait_for_parked_follower(b).await;
     fleet.provider.release();
     let (owner, follower) = (owner.await.unwrap(), follower.await.unwrap());
     assert_eq!(owner.status, StatusCode::OK);
@@ -202,6 +214,7 @@ async fn a_resubscription_wakes_the_followers_of_a_lost_channel() {
         tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
     };
     wait_for_channels(b, 1).await;
+    wait_for_parked_follower(b).await;
     // B's subscriber is the only pub/sub client; the owner finishes while it
     // is gone, so its announcement reaches nobody.
     let mut conn = redis.client().await;
