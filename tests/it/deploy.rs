@@ -237,6 +237,7 @@ fn pod_environment(container: &Value) -> Vec<(String, String)> {
                     "cache-key" => "ab".repeat(32),
                     "redis-url" => "redis://:hunter2@redis.example.internal:6379".to_owned(),
                     "gateway-keys" => "gw-one,gw-two".to_owned(),
+                    "admin-keys" => "admin-one".to_owned(),
                     other => format!("placeholder-{other}"),
                 },
             };
@@ -310,6 +311,11 @@ fn the_kubernetes_manifests_run_corral_as_intended() {
         2,
         "gateway keys from the Secret"
     );
+    assert_eq!(
+        config.auth.admin_key_hashes.len(),
+        1,
+        "the reports are not open"
+    );
     assert!(config.upstreams[0].api_key_env.is_some());
     // Kubernetes' service links would be ignored with a warning, not fatal;
     // the pods turn them off.
@@ -356,8 +362,9 @@ fn the_kubernetes_manifests_run_corral_as_intended() {
         assert_eq!(container_port(container, &get["port"]), port, "{probe}");
     }
 
-    // The drain: preStop sleeps while endpoints update, then SIGTERM drains
-    // for shutdown.drain_timeout and cuts after 5 s; all within the grace period.
+    // The drain: preStop sleeps while endpoints update, then SIGTERM turns
+    // /readyz 503 (serving on for shutdown.unready_delay), drains for
+    // shutdown.drain_timeout and cuts after 5 s; all within the grace period.
     let command = container["lifecycle"]["preStop"]["exec"]["command"]
         .as_array()
         .expect("a preStop command");
@@ -368,9 +375,10 @@ fn the_kubernetes_manifests_run_corral_as_intended() {
         .as_u64()
         .unwrap();
     let drain = config.shutdown.drain_timeout.as_secs();
+    let unready = config.shutdown.unready_delay.as_secs();
     assert!(
-        grace > sleep + drain + CUT_GRACE_SECS,
-        "grace {grace}s <= preStop {sleep}s + drain {drain}s + cut {CUT_GRACE_SECS}s"
+        grace > sleep + unready + drain + CUT_GRACE_SECS,
+        "grace {grace}s <= preStop {sleep}s + unready {unready}s + drain {drain}s + cut {CUT_GRACE_SECS}s"
     );
 
     // Non-root (the image's user), read-only root filesystem, nothing to escalate.
