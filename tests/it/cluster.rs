@@ -270,7 +270,10 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
         assert_eq!(instance.get("/readyz").await.json()["status"], "degraded");
     }
 
-    redis.signal("CONT");
+    // Killed while still stopped: had it resumed first, the old connections
+    // would answer for a moment and close the breakers (the purge poller's
+    // reads come every 250 ms), so the waits below could pass before an
+    // instance saw its connection die, and the herd would meet dead connections.
     redis.kill().await;
     redis.restart().await;
     for instance in &fleet.instances {
