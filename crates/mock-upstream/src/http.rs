@@ -20,6 +20,7 @@ use futures::StreamExt as _;
 use serde_json::json;
 
 use super::admin;
+use super::anthropic;
 use super::openai::{self, Answer, InvalidRequest, SseEvents};
 use super::{FailureMode, RecordedRequest, Scripted, Shared};
 
@@ -35,6 +36,8 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/responses", post(responses))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .merge(admin::router())
         .fallback(not_found)
         .layer(middleware::from_fn(provider_headers))
@@ -53,6 +56,24 @@ enum Endpoint {
     Embeddings,
     AudioTranscriptions,
     Responses,
+    Messages,
+    CountTokens,
+}
+
+impl Endpoint {
+    /// Whether the endpoint is Anthropic's: its errors take Anthropic's shape.
+    fn is_anthropic(self) -> bool {
+        matches!(self, Self::Messages | Self::CountTokens)
+    }
+
+    /// An error in this endpoint's API's shape; `code` is OpenAI's only.
+    fn error(self, status: StatusCode, kind: &str, message: &str, code: Option<&str>) -> Response {
+        if self.is_anthropic() {
+            anthropic::error(status, kind, message)
+        } else {
+            openai_error(status, kind, message, code)
+        }
+    }
 }
 
 /// The call number of a billable response, for the headers added by [`provider_headers`].
@@ -77,6 +98,14 @@ async fn responses(State(shared): State<Arc<Shared>>, request: Request) -> Respo
 
 async fn transcriptions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::AudioTranscriptions, request).await
+}
+
+async fn messages(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::Messages, request).await
+}
+
+async fn count_tokens(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::CountTokens, request).await
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
@@ -150,12 +179,16 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
     let mut response = if let Some(script) = arrival.script {
         scripted_response(script)
     } else if let Some(failure) = shared.failure().filter(rolls_failure) {
-        failure_response(&failure)
+        failure_response(&failure, endpoint)
     } else {
         match body {
-            Err(error) => openai_error(
+            Err(error) => endpoint.error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
+                if endpoint.is_anthropic() {
+                    "request_too_large"
+                } else {
+                    "invalid_request_error"
+                },
                 &format!("Could not read the request body: {error}."),
                 None,
             ),
@@ -166,6 +199,8 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                     Endpoint::Embeddings => openai::embeddings(&body),
                     Endpoint::AudioTranscriptions => Ok(openai::transcription(&body)),
                     Endpoint::Responses => super::responses::responses(&body, arrival.call),
+                    Endpoint::Messages => anthropic::messages(&parts.headers, &body, arrival.call),
+                    Endpoint::CountTokens => anthropic::count_tokens(&parts.headers, &body),
                 };
                 if let (Endpoint::Embeddings, Ok(_)) = (endpoint, &answer) {
                     shared.embedded(openai::embedding_inputs(&body));
@@ -177,7 +212,7 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                         shared.settings.stream_chunk_delay,
                         shared.truncate_streams(),
                     ),
-                    Err(InvalidRequest(message)) => openai_error(
+                    Err(InvalidRequest(message)) => endpoint.error(
                         StatusCode::BAD_REQUEST,
                         "invalid_request_error",
                         &message,
@@ -257,9 +292,24 @@ fn scripted_response(script: Scripted) -> Response {
     response
 }
 
-/// An injected failure, shaped like OpenAI's own errors.
-fn failure_response(failure: &FailureMode) -> Response {
+/// An injected failure, shaped like the provider's own errors. Anthropic sends
+/// `retry-after` in seconds only; OpenAI adds the precise `retry-after-ms`.
+fn failure_response(failure: &FailureMode, endpoint: Endpoint) -> Response {
     let status = status_or_500(failure.status);
+    if endpoint.is_anthropic() {
+        let message = match status.as_u16() {
+            529 => "Overloaded".to_owned(),
+            _ => format!("The mock provider injected a failure ({status})."),
+        };
+        let mut response = anthropic::error(status, anthropic::error_type(status), &message);
+        if let Some(retry_after) = failure.retry_after {
+            let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        return response;
+    }
     let kind = match (status.as_u16(), failure.code.as_deref()) {
         (429, Some("insufficient_quota")) => "insufficient_quota",
         (429, _) => "rate_limit_error",

@@ -1,10 +1,12 @@
-//! The mock OpenAI-compatible provider: a real HTTP server that stands in for OpenAI in the
-//! integration tests, the demos and the load tests.
+//! The mock provider (OpenAI and Anthropic): a real HTTP server that stands in for the paid
+//! providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/models`, and `/v1/responses` in
-//! `responses.rs`), answered deterministically from the request body so that
-//! identical requests get identical content and different requests differ (`openai.rs`). The
+//! `responses.rs`) and the Anthropic one
+//! (`/v1/messages`, `/v1/messages/count_tokens`), answered deterministically from the request
+//! body so that identical requests get identical content and different requests differ
+//! (`openai.rs`, `anthropic.rs`). The
 //! ledger of billable calls: every call is counted and recorded on arrival, before anything can
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
@@ -16,6 +18,7 @@
 //! gateway forwards those untouched, so the mock only has to make them observable.
 
 mod admin;
+mod anthropic;
 mod http;
 mod openai;
 mod responses;
@@ -55,7 +58,8 @@ pub struct MockSettings {
     pub models: Option<Vec<String>>,
 }
 
-/// Make a share of the billable calls fail with an OpenAI-shaped error.
+/// Make a share of the billable calls fail with an error in the shape of the endpoint's API
+/// (OpenAI's, or Anthropic's on `/v1/messages*`, where 529 is `overloaded_error`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FailureMode {
     /// HTTP status of the failed call; an invalid status is answered as 500.
@@ -138,6 +142,15 @@ impl RecordedRequest {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Which credential headers the request carried, of `authorization` and `x-api-key`, in
+    /// that order: how a test sees that a gateway sent the provider's key the way it expects.
+    pub fn auth_headers(&self) -> Vec<&'static str> {
+        ["authorization", "x-api-key"]
+            .into_iter()
+            .filter(|name| self.header(name).is_some())
+            .collect()
+    }
+
     /// The body parsed as JSON, if it is JSON.
     pub fn json(&self) -> Option<serde_json::Value> {
         serde_json::from_slice(&self.body).ok()
@@ -201,7 +214,7 @@ impl MockProvider {
         run(listener, Arc::new(Shared::new(settings)), shutdown).await
     }
 
-    /// The OpenAI base URL of this mock, `http://127.0.0.1:PORT/v1`.
+    /// The base URL of this mock, `http://127.0.0.1:PORT/v1` (for OpenAI and Anthropic clients alike).
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.inner.addr)
     }
@@ -211,7 +224,8 @@ impl MockProvider {
         self.inner.addr
     }
 
-    /// Billable calls received so far (chat completions, completions, embeddings), counted on
+    /// Billable calls received so far (chat completions, completions, embeddings, messages,
+    /// token counts, transcriptions), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()
@@ -259,8 +273,9 @@ impl MockProvider {
         self.inner.shared.set_latency(latency);
     }
 
-    /// When on, SSE streams stop after their first content chunk, with no `finish_reason`,
-    /// usage or `[DONE]`, by aborting the connection mid-body.
+    /// When on, SSE streams stop after their first content chunk (an Anthropic stream after its
+    /// first `content_block_delta`), with no `finish_reason`, usage, `[DONE]` or `message_stop`,
+    /// by aborting the connection mid-body.
     pub fn set_truncate_streams(&self, on: bool) {
         self.inner.shared.set_truncate_streams(on);
     }

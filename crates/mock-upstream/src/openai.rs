@@ -44,7 +44,7 @@ pub(super) struct SseEvents {
 pub(super) struct InvalidRequest(pub(super) String);
 
 impl InvalidRequest {
-    fn new(message: impl Into<String>) -> Self {
+    pub(super) fn new(message: impl Into<String>) -> Self {
         Self(message.into())
     }
 }
