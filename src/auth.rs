@@ -2,10 +2,16 @@
 //!
 //! With `auth.keys` (SHA-256 hashes of the keys, hex) or `auth.keys_env` (a
 //! variable holding the keys themselves, comma-separated, hashed at load), a
-//! `/v1/*` request must carry one of them as its bearer token, else 401.
+//! `/v1/*` request must carry one of them as its credential, else 401.
 //! Only hashes are kept in memory; the raw key is never stored or logged.
 //!
-//! The tenant a request belongs to is derived from its bearer token by
+//! A caller's credential is its `Authorization: Bearer` token (OpenAI clients)
+//! or, without one, its `x-api-key` (Anthropic clients). [`credential`] is the
+//! one place that reads them: the gateway key check, the tenant scope, the
+//! rate limit and the credential forwarded upstream all see the same key,
+//! whichever header carried it.
+//!
+//! The tenant a request belongs to is derived from its credential by
 //! [`TenantKey`]: an HMAC-SHA-256 under a server secret
 //! (`auth.tenant_secret_env`), so a tenant scope seen in Redis or a log cannot
 //! be linked back to an API key by anyone who does not hold the secret, not
@@ -16,26 +22,63 @@ use std::{
     sync::Arc,
 };
 
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::{config::Config, error::GatewayError, tenant::TenantScope};
 
 pub use crate::tenant::{TenantKey, key_hash};
 
-/// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else the whole value.
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else
+/// the whole value; `Bearer` with no token is empty (no credential).
 pub fn bearer_token(value: &[u8]) -> &[u8] {
     let value = value.trim_ascii();
+    if value.eq_ignore_ascii_case(b"bearer") {
+        return &[];
+    }
     match value.get(..7) {
         Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
         _ => value,
     }
 }
 
-/// The caller's credential: its bearer token, if it sent one.
+/// Anthropic's credential header (its SDKs, curl examples, coding agents).
+pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
+
+/// The caller's credential: the token of its `Authorization` header, else its
+/// `x-api-key`; an empty one is none. Every reader of a caller's identity goes
+/// through here, so two headers can never name two tenants for one request.
 pub fn credential(headers: &HeaderMap) -> Option<&[u8]> {
     headers
         .get(header::AUTHORIZATION)
         .map(|value| bearer_token(value.as_bytes()))
+        .filter(|token| !token.is_empty())
+        .or_else(|| {
+            headers
+                .get(API_KEY_HEADER)
+                .map(|value| value.as_bytes().trim_ascii())
+                .filter(|key| !key.is_empty())
+        })
+}
+
+/// The caller's credential as an `Authorization` value, to forward when the
+/// upstream has no key of its own: its `Authorization` header as it came
+/// (the scheme kept), else `Bearer <x-api-key>`. The upstream client sends it
+/// in the form its provider expects (`x-api-key` to Anthropic).
+pub fn forwarded_credential(headers: &HeaderMap) -> Option<HeaderValue> {
+    if let Some(value) = headers.get(header::AUTHORIZATION)
+        && !bearer_token(value.as_bytes()).is_empty()
+    {
+        return Some(value.clone());
+    }
+    let key = headers
+        .get(API_KEY_HEADER)
+        .map(|value| value.as_bytes().trim_ascii())
+        .filter(|key| !key.is_empty())?;
+    let mut value = b"Bearer ".to_vec();
+    value.extend_from_slice(key);
+    let mut value = HeaderValue::from_bytes(&value).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 #[derive(Debug)]
@@ -73,7 +116,7 @@ impl Auth {
     /// the short form of its scope (`scope` when the caller has it, else
     /// derived here). Never the credential.
     pub fn tenant_label(&self, headers: &HeaderMap, scope: Option<&TenantScope>) -> Arc<str> {
-        let credential = credential(headers).filter(|token| !token.is_empty());
+        let credential = credential(headers);
         if !self.labels.is_empty()
             && let Some(label) = credential.and_then(|token| self.labels.get(&key_hash(token)))
         {
@@ -104,7 +147,7 @@ impl Auth {
     /// scope even with `cache.scope: global`: sharing answers is not sharing
     /// a rate limit.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<TenantScope, GatewayError> {
-        let credential = credential(headers).filter(|token| !token.is_empty());
+        let credential = credential(headers);
         if self.enabled() {
             let known = credential.is_some_and(|token| self.keys.contains(&key_hash(token)));
             if !known {
@@ -148,6 +191,60 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    fn api_key(key: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(API_KEY_HEADER, HeaderValue::from_str(key).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_gateway_key_passes_in_either_header() {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.auth.key_hashes = vec![key_hash(b"gw-good")];
+        let auth = Auth::new(&config);
+        let bearer = auth.authenticate(&headers(Some("Bearer gw-good"))).unwrap();
+        let x_api_key = auth.authenticate(&api_key("gw-good")).unwrap();
+        assert_eq!(bearer, x_api_key, "one key, one tenant, whichever header");
+        for bad in ["gw-bad", "", " "] {
+            assert!(
+                matches!(
+                    auth.authenticate(&api_key(bad)),
+                    Err(GatewayError::Unauthorized)
+                ),
+                "{bad:?}"
+            );
+        }
+        // An empty Authorization does not hide a good x-api-key.
+        let mut both = api_key("gw-good");
+        both.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer "));
+        assert!(auth.authenticate(&both).is_ok());
+    }
+
+    #[test]
+    fn x_api_keys_are_tenants_like_bearer_tokens() {
+        let auth = Auth::new(&Config::for_tests("http://127.0.0.1:1/v1"));
+        let a = auth.authenticate(&api_key("sk-ant-a")).unwrap();
+        let b = auth.authenticate(&api_key("sk-ant-b")).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a.as_str(), "anonymous");
+        assert_eq!(
+            a,
+            auth.authenticate(&headers(Some("Bearer sk-ant-a")))
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn the_forwarded_credential_keeps_authorization_or_carries_the_api_key() {
+        let scheme = headers(Some("Basic abc"));
+        assert_eq!(forwarded_credential(&scheme).unwrap(), "Basic abc");
+        let key = forwarded_credential(&api_key(" sk-ant-a ")).unwrap();
+        assert_eq!(key, "Bearer sk-ant-a");
+        assert!(key.is_sensitive());
+        assert!(forwarded_credential(&HeaderMap::new()).is_none());
+        assert!(forwarded_credential(&headers(Some("Bearer  "))).is_none());
     }
 
     #[test]

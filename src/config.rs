@@ -188,12 +188,19 @@ impl RedisConfig {
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     pub name: String,
+    /// Which API this provider speaks. A request is routed only among the
+    /// upstreams that speak its API, so a catch-all OpenAI upstream
+    /// (`models: ["*"]`) never shadows an Anthropic one for `/v1/messages`.
+    #[serde(default)]
+    pub api: Api,
     pub base_url: String,
     /// Name of the environment variable holding the provider key. Absent: the
-    /// caller's own `Authorization` header is forwarded.
+    /// caller's own credential (`Authorization: Bearer` or `x-api-key`) is
+    /// forwarded, in the form the provider expects.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// Glob patterns over the request's `model`; the first upstream that matches wins.
+    /// Glob patterns over the request's `model`; the first upstream of the
+    /// request's API that matches wins.
     #[serde(default = "default_models")]
     pub models: Vec<String>,
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
@@ -220,6 +227,30 @@ pub struct UpstreamConfig {
     /// Resolved at load time from `api_key_env` (or `CORRAL_UPSTREAM_API_KEY`).
     #[serde(skip)]
     pub api_key: Option<Secret<String>>,
+}
+
+/// The wire format an upstream speaks, and with it how corral authenticates
+/// to it (`upstream/client.rs`) and which endpoints it serves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub enum Api {
+    /// OpenAI's API (`/chat/completions`, `/completions`, `/embeddings`, ...),
+    /// and every provider compatible with it: `Authorization: Bearer <key>`.
+    #[default]
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// Anthropic Messages (`/messages`, `/messages/count_tokens`):
+    /// `x-api-key: <key>` and an `anthropic-version` header.
+    #[serde(rename = "anthropic")]
+    Anthropic,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -1143,6 +1174,15 @@ impl Config {
                     "must be an http or https URL",
                 ));
             }
+            // Anthropic's SDKs take the bare host as their base URL and add
+            // `/v1/messages`; corral adds `/messages` to its base URL, so the
+            // bare host would send every request to a path that does not exist.
+            if upstream.api == Api::Anthropic && url.path().trim_end_matches('/').is_empty() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].base_url"),
+                    "an Anthropic base URL ends in its version, e.g. https://api.anthropic.com/v1 (corral appends /messages)",
+                ));
+            }
             if upstream.models.is_empty() {
                 return Err(ConfigError::key(
                     format!("upstreams[{i}].models"),
@@ -1435,6 +1475,36 @@ mod tests {
         );
         assert_eq!(config.cache.soft_ttl, Duration::from_secs(10));
         assert!(config.cache.sampled);
+    }
+
+    #[test]
+    fn an_upstream_names_the_api_it_speaks() {
+        let config = Config::load(BASE, []).unwrap();
+        assert_eq!(config.upstreams[0].api, Api::OpenAi, "the default");
+        let yaml = format!(
+            "{BASE}  - {{name: anthropic, api: anthropic, base_url: 'https://api.anthropic.com/v1', api_key_env: ANTHROPIC_API_KEY, models: ['claude-*']}}\n"
+        );
+        let config = Config::load(&yaml, [("ANTHROPIC_API_KEY", "sk-ant-1")]).unwrap();
+        assert_eq!(config.upstreams[1].api, Api::Anthropic);
+        assert_eq!(config.upstreams[1].api.as_str(), "anthropic");
+        let config = Config::load(BASE, [("CORRAL_UPSTREAMS__0__API", "anthropic")]).unwrap();
+        assert_eq!(
+            config.upstreams[0].api,
+            Api::Anthropic,
+            "settable from the environment"
+        );
+
+        let err = Config::load(&format!("{BASE}    api: gemini\n"), [])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upstreams[0].api"), "{err}");
+        assert!(err.contains("openai") && err.contains("anthropic"), "{err}");
+        let bare = "listen: 127.0.0.1:8080\nupstreams:\n  - {name: a, api: anthropic, base_url: 'https://api.anthropic.com'}\n";
+        let err = Config::load(bare, []).unwrap_err().to_string();
+        assert!(
+            err.contains("upstreams[0].base_url") && err.contains("/v1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `GatewayError`: every way a request can fail, and its one mapping to an
-//! OpenAI-style HTTP response, so SDKs raise the exception they would raise
-//! against the provider itself.
+//! HTTP response in the error shape of the API the caller speaks (OpenAI's, or
+//! Anthropic's on `/v1/messages`), so SDKs raise the exception they would
+//! raise against the provider itself.
 
 use std::time::Duration;
 
@@ -12,8 +13,55 @@ use axum::{
 use bytes::Bytes;
 use serde_json::json;
 
-/// The header both OpenAI SDKs read before deciding to retry a failed call.
+/// The header the OpenAI and Anthropic SDKs read before deciding to retry a failed call.
 const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// Which API's error body a response carries: the caller's SDK parses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","param","code"}}`.
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`.
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// Anthropic's below `/v1/messages` (Messages, `count_tokens`), OpenAI's
+    /// everywhere else: a request is answered in its route's shape even when
+    /// it is refused before any handler runs (admission).
+    pub fn for_path(path: &str) -> Self {
+        match path.strip_prefix("/v1/messages") {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => Self::Anthropic,
+            _ => Self::OpenAi,
+        }
+    }
+}
+
+/// What one error is called in each shape, with its status.
+struct Mapping {
+    status: StatusCode,
+    /// OpenAI's `error.type`.
+    openai_type: &'static str,
+    /// OpenAI's `error.code`.
+    code: Option<&'static str>,
+    /// Anthropic's `error.type` (it has no code).
+    anthropic_type: &'static str,
+}
+
+const fn map(
+    status: StatusCode,
+    openai_type: &'static str,
+    code: Option<&'static str>,
+    anthropic_type: &'static str,
+) -> Mapping {
+    Mapping {
+        status,
+        openai_type,
+        code,
+        anthropic_type,
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -51,7 +99,7 @@ pub enum GatewayError {
     Internal(#[source] anyhow::Error),
     /// No or an unknown gateway key (the key itself is never echoed).
     #[error(
-        "Incorrect or missing API key. Send a corral gateway key as `Authorization: Bearer <key>`."
+        "Incorrect or missing API key. Send a corral gateway key as `Authorization: Bearer <key>` or `x-api-key: <key>`."
     )]
     Unauthorized,
     #[error("rate limit reached for {reason}; retry in {}s", .retry_after.as_secs().max(1))]
@@ -116,118 +164,145 @@ impl GatewayError {
         }
     }
 
-    /// Status, OpenAI error `type` and `code`. No `_` arm: a new variant must
-    /// choose its status here.
-    fn status_type_code(&self) -> (StatusCode, &'static str, Option<&'static str>) {
+    /// Status and the error's name in each shape: OpenAI's `type` and `code`,
+    /// Anthropic's `type`. No `_` arm: a new variant must choose here.
+    fn mapping(&self) -> Mapping {
+        use StatusCode as S;
         match self {
-            Self::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
-            Self::BodyTooLarge { .. } => (
-                StatusCode::PAYLOAD_TOO_LARGE,
+            Self::InvalidRequest { .. } => map(
+                S::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "invalid_request_error",
+            ),
+            Self::BodyTooLarge { .. } => map(
+                S::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 Some("request_too_large"),
+                "request_too_large",
             ),
-            Self::NoRoute { .. } => (
-                StatusCode::NOT_FOUND,
+            Self::NoRoute { .. } => map(
+                S::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
+                "not_found_error",
             ),
-            Self::UnknownPath { .. } => (
-                StatusCode::NOT_FOUND,
+            Self::UnknownPath { .. } => map(
+                S::NOT_FOUND,
                 "invalid_request_error",
                 Some("unknown_url"),
+                "not_found_error",
             ),
-            Self::TooManyWaiters { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyWaiters { .. } => map(
+                S::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("too_many_waiters"),
+                "overloaded_error",
             ),
-            Self::WaitTimedOut => (
-                StatusCode::GATEWAY_TIMEOUT,
+            Self::WaitTimedOut => map(
+                S::GATEWAY_TIMEOUT,
                 "timeout_error",
                 Some("coalesce_wait_timeout"),
+                "timeout_error",
             ),
-            Self::UpstreamUnreachable { .. } => (
-                StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable { .. } => map(
+                S::BAD_GATEWAY,
                 "server_error",
                 Some("upstream_unreachable"),
+                "api_error",
             ),
-            Self::UpstreamTimeout { .. } => (
-                StatusCode::GATEWAY_TIMEOUT,
+            Self::UpstreamTimeout { .. } => map(
+                S::GATEWAY_TIMEOUT,
                 "timeout_error",
                 Some("upstream_timeout"),
+                "timeout_error",
             ),
-            Self::UpstreamInvalid { .. } => (
-                StatusCode::BAD_GATEWAY,
+            Self::UpstreamInvalid { .. } => map(
+                S::BAD_GATEWAY,
                 "server_error",
                 Some("upstream_invalid_response"),
+                "api_error",
             ),
-            Self::Upstream { status, .. } => (*status, "upstream_error", None),
-            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
-            Self::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
+            // Relayed as the provider sent it; the names are never used.
+            Self::Upstream { status, .. } => map(*status, "upstream_error", None, "api_error"),
+            Self::Internal(_) => map(S::INTERNAL_SERVER_ERROR, "server_error", None, "api_error"),
+            Self::Unauthorized => map(
+                S::UNAUTHORIZED,
                 "invalid_request_error",
                 Some("invalid_api_key"),
+                "authentication_error",
             ),
-            Self::RateLimited { .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited { .. } => map(
+                S::TOO_MANY_REQUESTS,
                 "requests",
                 Some("rate_limit_exceeded"),
+                "rate_limit_error",
             ),
-            Self::CircuitOpen { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
+            Self::CircuitOpen { .. } => map(
+                S::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("upstream_circuit_open"),
+                "overloaded_error",
             ),
-            Self::Overloaded { .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded { .. } => map(
+                S::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("server_overloaded"),
+                "overloaded_error",
             ),
-            Self::BodyTimeout { .. } => (
-                StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTimeout { .. } => map(
+                S::REQUEST_TIMEOUT,
                 "invalid_request_error",
                 Some("request_timeout"),
+                "timeout_error",
             ),
-            Self::ShuttingDown => (
-                StatusCode::SERVICE_UNAVAILABLE,
+            Self::ShuttingDown => map(
+                S::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("shutting_down"),
+                "overloaded_error",
             ),
-            Self::PathRefused { .. } => (
-                StatusCode::BAD_REQUEST,
+            Self::PathRefused { .. } => map(
+                S::BAD_REQUEST,
                 "invalid_request_error",
                 Some("invalid_path"),
+                "invalid_request_error",
             ),
-            Self::PassthroughDenied { .. } => (
-                StatusCode::FORBIDDEN,
+            Self::PassthroughDenied { .. } => map(
+                S::FORBIDDEN,
                 "invalid_request_error",
                 Some("passthrough_denied"),
+                "permission_error",
             ),
-            Self::IdempotencyKeyReused => (
-                StatusCode::UNPROCESSABLE_ENTITY,
+            Self::IdempotencyKeyReused => map(
+                S::UNPROCESSABLE_ENTITY,
                 "invalid_request_error",
                 Some("idempotency_key_reused"),
+                "invalid_request_error",
             ),
-            Self::AdminKeyRequired => (
-                StatusCode::UNAUTHORIZED,
+            Self::AdminKeyRequired => map(
+                S::UNAUTHORIZED,
                 "invalid_request_error",
                 Some("invalid_admin_key"),
+                "authentication_error",
             ),
-            Self::AdminDisabled => (
-                StatusCode::NOT_FOUND,
+            Self::AdminDisabled => map(
+                S::NOT_FOUND,
                 "invalid_request_error",
                 Some("admin_disabled"),
+                "not_found_error",
             ),
-            Self::PurgeNotRecorded => (
-                StatusCode::SERVICE_UNAVAILABLE,
+            Self::PurgeNotRecorded => map(
+                S::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("purge_not_recorded"),
+                "overloaded_error",
             ),
         }
     }
 
     pub fn status(&self) -> StatusCode {
-        self.status_type_code().0
+        self.mapping().status
     }
 
     /// When the caller may try again, for the errors that know.
@@ -275,7 +350,12 @@ impl GatewayError {
     /// Builds the response without consuming the error: one failed flight is
     /// relayed to every caller that waited on it.
     pub fn to_response(&self) -> Response {
-        let (status, headers, body) = self.parts();
+        self.to_response_as(ErrorShape::OpenAi)
+    }
+
+    /// As `to_response`, in `shape`.
+    pub fn to_response_as(&self, shape: ErrorShape) -> Response {
+        let (status, headers, body) = self.parts_as(shape);
         if status.is_server_error() {
             tracing::warn!(error = %self, source = ?std::error::Error::source(self), "request failed");
         }
@@ -285,7 +365,18 @@ impl GatewayError {
     /// Status, headers and body of the error response, synchronously: a
     /// flight's error is also recorded in Redis for followers on other instances.
     pub fn parts(&self) -> (StatusCode, HeaderMap, Bytes) {
-        let (status, kind, code) = self.status_type_code();
+        self.parts_as(ErrorShape::OpenAi)
+    }
+
+    /// As `parts`, in `shape`. A provider's own error is relayed as it came,
+    /// in either shape: it is already in its API's.
+    pub fn parts_as(&self, shape: ErrorShape) -> (StatusCode, HeaderMap, Bytes) {
+        let Mapping {
+            status,
+            openai_type,
+            code,
+            anthropic_type,
+        } = self.mapping();
         let mut headers = HeaderMap::new();
         let body = match self {
             Self::Upstream {
@@ -324,10 +415,15 @@ impl GatewayError {
                     Self::InvalidRequest { param, .. } => *param,
                     _ => None,
                 };
-                Bytes::from(
-                    json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}})
-                        .to_string(),
-                )
+                let body = match shape {
+                    ErrorShape::OpenAi => {
+                        json!({"error": {"message": self.to_string(), "type": openai_type, "param": param, "code": code}})
+                    }
+                    ErrorShape::Anthropic => {
+                        json!({"type": "error", "error": {"type": anthropic_type, "message": self.to_string()}})
+                    }
+                };
+                Bytes::from(body.to_string())
             }
         };
         (status, headers, body)
@@ -442,6 +538,115 @@ mod tests {
         }
         .to_response();
         assert!(open.headers().get("x-should-retry").is_none());
+    }
+
+    #[test]
+    fn messages_paths_take_anthropics_shape() {
+        for path in [
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/messages/batches/b-1",
+        ] {
+            assert_eq!(ErrorShape::for_path(path), ErrorShape::Anthropic, "{path}");
+        }
+        for path in [
+            "/v1/chat/completions",
+            "/v1/messagesx",
+            "/messages",
+            "/v1/responses",
+        ] {
+            assert_eq!(ErrorShape::for_path(path), ErrorShape::OpenAi, "{path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn anthropic_shaped_errors_name_anthropics_types_with_the_same_status() {
+        let cases = [
+            (GatewayError::invalid("bad"), 400, "invalid_request_error"),
+            (GatewayError::Unauthorized, 401, "authentication_error"),
+            (
+                GatewayError::PassthroughDenied {
+                    method: axum::http::Method::POST,
+                    path: "/v1/messages/batches".into(),
+                    setting: "x",
+                },
+                403,
+                "permission_error",
+            ),
+            (
+                GatewayError::NoRoute { model: "m".into() },
+                404,
+                "not_found_error",
+            ),
+            (
+                GatewayError::BodyTooLarge { limit: 1 },
+                413,
+                "request_too_large",
+            ),
+            (
+                GatewayError::RateLimited {
+                    retry_after: Duration::from_secs(2),
+                    reason: "r",
+                },
+                429,
+                "rate_limit_error",
+            ),
+            (
+                GatewayError::Internal(anyhow::anyhow!("secret detail")),
+                500,
+                "api_error",
+            ),
+            (
+                GatewayError::Overloaded {
+                    retry_after: Duration::from_secs(1),
+                },
+                503,
+                "overloaded_error",
+            ),
+            (
+                GatewayError::UpstreamTimeout {
+                    upstream: "anthropic".into(),
+                },
+                504,
+                "timeout_error",
+            ),
+        ];
+        for (error, status, kind) in cases {
+            let openai_status = error.to_response().status();
+            let response = error.to_response_as(ErrorShape::Anthropic);
+            assert_eq!(response.status().as_u16(), status, "{error:?}");
+            assert_eq!(
+                openai_status,
+                response.status(),
+                "one status in both shapes"
+            );
+            let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
+            let body = body_json(response).await;
+            assert_eq!(body["type"], "error", "{body}");
+            assert_eq!(body["error"]["type"], kind, "{body}");
+            assert!(body["error"]["message"].is_string(), "{body}");
+            assert!(body.get("code").is_none() && body["error"].get("code").is_none());
+            assert!(!body.to_string().contains("secret detail"));
+            if status == 429 {
+                assert_eq!(retry_after.unwrap(), "2");
+            }
+        }
+        // A provider's own error is relayed as it came.
+        let relayed = GatewayError::Upstream {
+            status: StatusCode::from_u16(529).unwrap(),
+            content_type: Some(HeaderValue::from_static("application/json")),
+            retry_after: Some(HeaderValue::from_static("3")),
+            body: Bytes::from_static(
+                br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            ),
+        }
+        .to_response_as(ErrorShape::Anthropic);
+        assert_eq!(relayed.status().as_u16(), 529);
+        assert_eq!(relayed.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(
+            body_json(relayed).await["error"]["type"],
+            "overloaded_error"
+        );
     }
 
     #[tokio::test]

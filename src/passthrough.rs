@@ -36,6 +36,8 @@ pub const STATELESS: &[&str] = &[
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/embeddings",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
 ];
 
 /// A request path below `/v1`, checked to stay there; kept as it arrived

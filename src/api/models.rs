@@ -3,7 +3,8 @@
 //!
 //! Each upstream is asked in parallel (guarded and retried like any call, not
 //! billed). An entry is kept only if corral routes its id to the upstream
-//! that listed it (first matching glob wins, as for requests), which also
+//! that listed it (first matching glob of that upstream's API wins, as for
+//! requests), which also
 //! de-duplicates: an id two providers list appears once, from the one that
 //! serves it. Entries are passed through as the provider wrote them
 //! (`owned_by` included). An upstream that fails is left out of the list
@@ -13,13 +14,13 @@ use std::collections::HashSet;
 
 use axum::{
     Json,
-    http::{HeaderMap, Method, header},
+    http::{HeaderMap, Method},
     response::{IntoResponse, Response},
 };
 use serde_json::{Value, json};
 
 use super::proxy::forwarded_headers;
-use crate::{error::GatewayError, state::AppState, upstream::Outbound};
+use crate::{auth::forwarded_credential, error::GatewayError, state::AppState, upstream::Outbound};
 
 pub(super) async fn list(app: &AppState, headers: &HeaderMap) -> Result<Response, GatewayError> {
     let upstreams = 0..app.config.upstreams.len();
@@ -32,8 +33,8 @@ pub(super) async fn list(app: &AppState, headers: &HeaderMap) -> Result<Response
             method: Method::GET,
             path: "/models".into(),
             query: None,
-            headers: forwarded_headers(headers),
-            authorization: headers.get(header::AUTHORIZATION).cloned(),
+            headers: forwarded_headers(app.upstream.api(upstream), headers),
+            authorization: forwarded_credential(headers),
             body: Default::default(),
         };
         let answer = app.upstream.call_unbilled(&outbound).await?;
@@ -66,7 +67,8 @@ pub(super) async fn list(app: &AppState, headers: &HeaderMap) -> Result<Response
             let Some(id) = entry.get("id").and_then(Value::as_str) else {
                 continue;
             };
-            if app.routes.route(id) == Some(upstream) && seen.insert(id.to_owned()) {
+            let api = app.upstream.api(upstream);
+            if app.routes.route_for(api, id) == Some(upstream) && seen.insert(id.to_owned()) {
                 data.push(entry.clone());
             }
         }

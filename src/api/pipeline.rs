@@ -22,7 +22,7 @@ use axum::{
     body::Body,
     extract::Request,
     http::{HeaderName, HeaderValue},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 use crate::{
     dedup::{CACHE_HEADER, FINGERPRINT_HEADER},
-    error::GatewayError,
+    error::{ErrorShape, GatewayError},
     fingerprint::Endpoint,
     state::AppState,
     traces,
@@ -101,6 +101,8 @@ where
         let path = request.uri().path();
         let endpoint = endpoint_of(path);
         let admitted = path.starts_with("/v1/");
+        // A refusal is answered in the shape the route's clients parse.
+        let shape = ErrorShape::for_path(path);
         // The path only: a query string may carry anything. The request's
         // cache status and fingerprint are on its summary line, and a flight's
         // logs carry its fingerprint: one span is all the hit path pays for.
@@ -132,7 +134,7 @@ where
                         drop(permit);
                         response.unwrap_or_else(|never| match never {})
                     }
-                    Err(error) => error.into_response(),
+                    Err(error) => error.to_response_as(shape),
                 }
             } else {
                 inner

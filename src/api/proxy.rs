@@ -1,8 +1,10 @@
-//! Every other `/v1/*` path (files, audio, images, ...) is proxied through
-//! unchanged: no dedup, no cache, the caller's own response. The path must
-//! stay inside the provider's API and the pass-through policy must allow it
-//! (`passthrough.rs`). `GET /v1/models` is the one exception: it lists the
-//! models of every upstream (`models.rs`).
+//! Every other `/v1/*` path (files, audio, images, Anthropic's
+//! `messages/count_tokens`, ...) is proxied through unchanged: no dedup, no
+//! cache, the caller's own response. The path must stay inside the provider's
+//! API and the pass-through policy must allow it (`passthrough.rs`). Paths
+//! below `/v1/messages` are Anthropic's: routed among `api: anthropic`
+//! upstreams and refused in Anthropic's error shape. `GET /v1/models` is the
+//! one exception: it lists the models of every upstream (`models.rs`).
 
 use std::sync::Arc;
 
@@ -18,12 +20,22 @@ use tokio::time::Instant;
 
 use super::{models, read_body};
 use crate::{
-    error::GatewayError,
+    auth::forwarded_credential,
+    config::Api,
+    error::{ErrorShape, GatewayError},
     passthrough::ProxyPath,
     request::KEYED_HEADERS,
     state::AppState,
     upstream::{Outbound, body},
 };
+
+/// Anthropic's request headers that select the API's behaviour: forwarded to
+/// an Anthropic upstream (which gets `anthropic-version` even when the caller
+/// sent none: `upstream/client.rs`).
+pub(super) const ANTHROPIC_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+];
 
 /// Request headers a proxied call carries; the rest (cookies, hop-by-hop,
 /// gateway-internal) stay here.
@@ -45,10 +57,22 @@ const HOP_BY_HOP: &[&str] = &[
     "content-length",
 ];
 
-pub async fn passthrough(
-    State(app): State<Arc<AppState>>,
-    request: Request,
-) -> Result<Response, GatewayError> {
+pub async fn passthrough(State(app): State<Arc<AppState>>, request: Request) -> Response {
+    let shape = ErrorShape::for_path(request.uri().path());
+    proxy(app, request)
+        .await
+        .unwrap_or_else(|error| error.to_response_as(shape))
+}
+
+/// The API a proxied path belongs to: Anthropic's below `/v1/messages`.
+fn api_of(path: &str) -> Api {
+    match ErrorShape::for_path(path) {
+        ErrorShape::Anthropic => Api::Anthropic,
+        ErrorShape::OpenAi => Api::OpenAi,
+    }
+}
+
+async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, GatewayError> {
     let (mut parts, body) = request.into_parts();
     // The raw path, not a percent-decoded one: `%2e%2e` must be seen as what
     // the provider (or a URL parser) would make of it.
@@ -62,12 +86,29 @@ pub async fn passthrough(
     if method == Method::GET && full_path == "/v1/models" {
         return models::list(&app, &headers).await;
     }
-    let upstream = match routing_model(&method, &full_path, &headers, &body).await {
-        Some(model) => app
+    // Anthropic's paths only ever go to an Anthropic upstream; others prefer
+    // an OpenAI one and fall back to any whose models match.
+    let api = api_of(&full_path);
+    let upstream = match (
+        routing_model(&method, &full_path, &headers, &body).await,
+        api,
+    ) {
+        (Some(model), Api::Anthropic) => app
             .routes
-            .route(&model)
+            .route_for(api, &model)
             .ok_or(GatewayError::NoRoute { model })?,
-        None => 0,
+        (Some(model), Api::OpenAi) => app
+            .routes
+            .route_preferring(api, &model)
+            .ok_or(GatewayError::NoRoute { model })?,
+        (None, Api::Anthropic) => {
+            app.routes
+                .first_of(api)
+                .ok_or_else(|| GatewayError::NoRoute {
+                    model: "(none: no upstream speaks the Anthropic API)".to_owned(),
+                })?
+        }
+        (None, Api::OpenAi) => 0,
     };
     app.passthrough.check(
         &method,
@@ -79,20 +120,28 @@ pub async fn passthrough(
         method,
         path: path.below_base().to_owned().into(),
         query,
-        headers: forwarded_headers(&headers),
-        authorization: headers.get(header::AUTHORIZATION).cloned(),
+        headers: forwarded_headers(app.upstream.api(upstream), &headers),
+        authorization: forwarded_credential(&headers),
         body,
     };
     relay(&app, &outbound).await
 }
 
 /// The caller's headers a proxied request carries: content negotiation (one
-/// `Content-Type`, the caller's own) and the keyed OpenAI headers.
-pub(super) fn forwarded_headers(headers: &HeaderMap) -> Vec<(HeaderName, axum::http::HeaderValue)> {
+/// `Content-Type`, the caller's own) and the API's own headers (the keyed
+/// OpenAI ones, or Anthropic's version and beta flags).
+pub(super) fn forwarded_headers(
+    api: Api,
+    headers: &HeaderMap,
+) -> Vec<(HeaderName, axum::http::HeaderValue)> {
+    let own: &[HeaderName] = match api {
+        Api::OpenAi => &KEYED_HEADERS,
+        Api::Anthropic => &ANTHROPIC_HEADERS,
+    };
     PROXIED_REQUEST_HEADERS
         .iter()
         .map(|name| HeaderName::from_static(name))
-        .chain(KEYED_HEADERS)
+        .chain(own.iter().cloned())
         .filter_map(|name| {
             let value = headers.get(&name)?.clone();
             Some((name, value))

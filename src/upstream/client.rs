@@ -21,8 +21,9 @@ use super::{
     retry::{self, AttemptError},
 };
 use crate::{
+    auth::{API_KEY_HEADER, bearer_token},
     clock::{Clock, SystemClock},
-    config::{Config, RetryConfig, Secret},
+    config::{Api, Config, RetryConfig, Secret},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
     traces,
@@ -32,6 +33,8 @@ use crate::{
 #[derive(Debug)]
 struct Target {
     name: String,
+    /// How the provider is authenticated to and which errors it retries.
+    api: Api,
     /// Every request URL extends its path (`confined_url`).
     base: reqwest::Url,
     api_key: Option<Secret<String>>,
@@ -64,7 +67,8 @@ pub struct Outbound {
     pub path: Cow<'static, str>,
     pub query: Option<String>,
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// The caller's credential, used only when the upstream has no key of its own.
+    /// The caller's credential as an `Authorization` value (`auth::forwarded_credential`),
+    /// used only when the upstream has no key of its own, in the form its API expects.
     pub authorization: Option<HeaderValue>,
     pub body: Bytes,
 }
@@ -113,6 +117,7 @@ impl Upstream {
                     .build()?;
                 Ok(Target {
                     name: u.name.clone(),
+                    api: u.api,
                     base: reqwest::Url::parse(&u.base_url)?,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
@@ -133,6 +138,11 @@ impl Upstream {
 
     pub fn name(&self, upstream: usize) -> &str {
         &self.targets[upstream].name
+    }
+
+    /// The API `upstream` speaks.
+    pub fn api(&self, upstream: usize) -> Api {
+        self.targets[upstream].api
     }
 
     /// `upstream`'s `request_timeout`: the bound on one attempt, a streamed
@@ -274,7 +284,7 @@ impl Upstream {
             if status.is_success() {
                 return Ok((status, headers, body));
             }
-            Err(status_error(status, &headers, body))
+            Err(status_error(target.api, status, &headers, body))
         })
         .await
     }
@@ -326,7 +336,7 @@ impl Upstream {
                 .read_body(target, response)
                 .await
                 .map_err(AttemptError::fatal)?;
-            Err(status_error(status, &headers, body))
+            Err(status_error(target.api, status, &headers, body))
         })
         .await
     }
@@ -354,11 +364,7 @@ impl Upstream {
         for (name, value) in &outbound.headers {
             request = request.header(name, value);
         }
-        match (&target.api_key, &outbound.authorization) {
-            (Some(key), _) => request = request.bearer_auth(key.expose()),
-            (None, Some(caller)) => request = request.header(header::AUTHORIZATION, caller),
-            (None, None) => {}
-        }
+        request = authenticate(request, target, outbound).map_err(AttemptError::fatal)?;
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
@@ -422,6 +428,55 @@ impl Upstream {
     }
 }
 
+/// The API version an Anthropic request is sent with when its caller named
+/// none (the version every current SDK sends).
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
+/// Adds the credential in the form the target's API expects: corral's own
+/// key when it has one, else the caller's. OpenAI: `Authorization` (the
+/// caller's as it came, scheme included). Anthropic: `x-api-key` (the
+/// caller's bearer token or `x-api-key`, never an `Authorization` header),
+/// plus `anthropic-version` when the caller sent none.
+fn authenticate(
+    mut request: reqwest::RequestBuilder,
+    target: &Target,
+    outbound: &Outbound,
+) -> Result<reqwest::RequestBuilder, GatewayError> {
+    match target.api {
+        Api::OpenAi => match (&target.api_key, &outbound.authorization) {
+            (Some(key), _) => request = request.bearer_auth(key.expose()),
+            (None, Some(caller)) => request = request.header(header::AUTHORIZATION, caller),
+            (None, None) => {}
+        },
+        Api::Anthropic => {
+            let key = match (&target.api_key, &outbound.authorization) {
+                (Some(key), _) => Some(HeaderValue::from_str(key.expose())),
+                (None, Some(caller)) => {
+                    Some(HeaderValue::from_bytes(bearer_token(caller.as_bytes())))
+                }
+                (None, None) => None,
+            };
+            if let Some(key) = key {
+                let mut key = key.map_err(|_| {
+                    GatewayError::invalid("the API key is not a valid header value")
+                })?;
+                key.set_sensitive(true);
+                request = request.header(API_KEY_HEADER, key);
+            }
+            if !outbound
+                .headers
+                .iter()
+                .any(|(name, _)| name == ANTHROPIC_VERSION)
+            {
+                request = request.header(ANTHROPIC_VERSION, DEFAULT_ANTHROPIC_VERSION);
+            }
+        }
+    }
+    Ok(request)
+}
+
 /// The request URL: the base URL joined with the outbound path and query. It
 /// must be a strict extension of the base URL's path on the same origin
 /// (`passthrough::ProxyPath` already refused every way out; this is the last
@@ -463,8 +518,8 @@ fn classify_send_error(err: reqwest::Error, upstream: &str) -> AttemptError {
     }
 }
 
-fn status_error(status: StatusCode, headers: &HeaderMap, body: Bytes) -> AttemptError {
-    let retryable = retry::is_retryable_status(status, headers, &body);
+fn status_error(api: Api, status: StatusCode, headers: &HeaderMap, body: Bytes) -> AttemptError {
+    let retryable = retry::is_retryable_status(api, status, headers, &body);
     AttemptError {
         retryable,
         retry_after: retry::retry_after(headers),

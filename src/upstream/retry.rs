@@ -8,7 +8,10 @@ use backon::{ExponentialBuilder, Retryable};
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::{config::RetryConfig, error::GatewayError};
+use crate::{
+    config::{Api, RetryConfig},
+    error::GatewayError,
+};
 
 /// One failed attempt, classified.
 #[derive(Debug)]
@@ -37,18 +40,28 @@ impl AttemptError {
     }
 }
 
-/// Whether an upstream status may be retried, given its headers and body:
-/// 429 and 5xx overload/unavailability statuses, except an exhausted quota
-/// (retrying cannot help) or a provider that says not to.
-pub fn is_retryable_status(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> bool {
-    let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504);
-    if !retryable {
+/// Whether an upstream status may be retried, given the upstream's API and
+/// the answer's headers and body. OpenAI: 429 and the 5xx
+/// overload/unavailability statuses. Anthropic, as its own SDK decides: 408,
+/// 409, 429 and every 5xx (529 `overloaded_error` included), or any status
+/// its `x-should-retry: true` marks. Never an exhausted quota (retrying cannot
+/// help) or an answer whose provider says `x-should-retry: false`.
+pub fn is_retryable_status(api: Api, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> bool {
+    let should_retry = headers
+        .get("x-should-retry")
+        .map(|value| value.as_bytes().trim_ascii().to_ascii_lowercase());
+    if should_retry.as_deref() == Some(b"false") {
         return false;
     }
-    if headers
-        .get("x-should-retry")
-        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"false"))
-    {
+    let retryable = match api {
+        Api::OpenAi => matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504),
+        Api::Anthropic => {
+            should_retry.as_deref() == Some(b"true")
+                || matches!(status.as_u16(), 408 | 409 | 429)
+                || status.is_server_error()
+        }
+    };
+    if !retryable {
         return false;
     }
     if status == StatusCode::TOO_MANY_REQUESTS
@@ -219,33 +232,45 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10));
     }
 
+    fn status(code: u16) -> StatusCode {
+        StatusCode::from_u16(code).unwrap()
+    }
+
     #[test]
     fn classifies_statuses() {
         let none = HeaderMap::new();
-        assert!(is_retryable_status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &none,
-            b""
-        ));
-        assert!(is_retryable_status(
-            StatusCode::TOO_MANY_REQUESTS,
-            &none,
-            b"{}"
-        ));
-        assert!(!is_retryable_status(StatusCode::BAD_REQUEST, &none, b""));
+        let openai = |code, headers: &HeaderMap, body: &[u8]| {
+            is_retryable_status(Api::OpenAi, status(code), headers, body)
+        };
+        assert!(openai(503, &none, b""));
+        assert!(openai(429, &none, b"{}"));
+        assert!(!openai(400, &none, b""));
+        assert!(!openai(408, &none, b""));
         let quota = br#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
-        assert!(!is_retryable_status(
-            StatusCode::TOO_MANY_REQUESTS,
-            &none,
-            quota
-        ));
+        assert!(!openai(429, &none, quota));
         let mut no = HeaderMap::new();
         no.insert("x-should-retry", HeaderValue::from_static("false"));
-        assert!(!is_retryable_status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &no,
-            b""
-        ));
+        assert!(!openai(503, &no, b""));
+    }
+
+    #[test]
+    fn anthropic_retries_what_its_sdk_retries() {
+        let none = HeaderMap::new();
+        let anthropic = |code, headers: &HeaderMap| {
+            is_retryable_status(Api::Anthropic, status(code), headers, b"{}")
+        };
+        for code in [408, 409, 429, 500, 502, 503, 504, 529] {
+            assert!(anthropic(code, &none), "{code}");
+        }
+        for code in [400, 401, 403, 404, 413] {
+            assert!(!anthropic(code, &none), "{code}");
+        }
+        let mut yes = HeaderMap::new();
+        yes.insert("x-should-retry", HeaderValue::from_static("true"));
+        assert!(anthropic(400, &yes), "the provider's word wins");
+        let mut no = HeaderMap::new();
+        no.insert("x-should-retry", HeaderValue::from_static("False"));
+        assert!(!anthropic(529, &no));
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! Chooses the upstream for a request by its `model`: the first configured
-//! upstream whose glob matches wins.
+//! Chooses the upstream for a request by its API and `model`: among the
+//! upstreams that speak the request's API, the first whose glob matches wins.
 
 use glob::Pattern;
 
-use crate::config::UpstreamConfig;
+use crate::config::{Api, UpstreamConfig};
 
 #[derive(Debug)]
 pub struct Routes {
-    routes: Vec<(usize, Pattern)>,
+    routes: Vec<(usize, Api, Pattern)>,
 }
 
 impl Routes {
@@ -17,21 +17,46 @@ impl Routes {
             .iter()
             .enumerate()
             .flat_map(|(index, upstream)| {
-                upstream
-                    .models
-                    .iter()
-                    .filter_map(move |pattern| Pattern::new(pattern).ok().map(|p| (index, p)))
+                upstream.models.iter().filter_map(move |pattern| {
+                    Pattern::new(pattern).ok().map(|p| (index, upstream.api, p))
+                })
             })
             .collect();
         Self { routes }
     }
 
-    /// Index of the upstream serving `model`, if any.
+    /// Index of the OpenAI-API upstream serving `model`, if any: the
+    /// deduplicated OpenAI endpoints are only ever sent to one.
     pub fn route(&self, model: &str) -> Option<usize> {
+        self.route_for(Api::OpenAi, model)
+    }
+
+    /// Index of the upstream speaking `api` that serves `model`, if any.
+    pub fn route_for(&self, api: Api, model: &str) -> Option<usize> {
         self.routes
             .iter()
-            .find(|(_, pattern)| pattern.matches(model))
-            .map(|(index, _)| *index)
+            .find(|(_, speaks, pattern)| *speaks == api && pattern.matches(model))
+            .map(|(index, _, _)| *index)
+    }
+
+    /// The upstream for a proxied request of `api`: one speaking `api` first,
+    /// else any upstream whose glob matches (a model id asked of the other
+    /// provider's `GET /v1/models/{id}`, say).
+    pub fn route_preferring(&self, api: Api, model: &str) -> Option<usize> {
+        self.route_for(api, model).or_else(|| {
+            self.routes
+                .iter()
+                .find(|(_, _, pattern)| pattern.matches(model))
+                .map(|(index, _, _)| *index)
+        })
+    }
+
+    /// The first upstream speaking `api`, for a proxied request without a model.
+    pub fn first_of(&self, api: Api) -> Option<usize> {
+        self.routes
+            .iter()
+            .find(|(_, speaks, _)| *speaks == api)
+            .map(|(index, _, _)| *index)
     }
 }
 
@@ -52,5 +77,30 @@ mod tests {
         assert_eq!(routes.route("gpt-3.5-turbo"), Some(1));
         assert_eq!(routes.route("claude-3"), Some(1));
         assert_eq!(routes.route("llama"), None);
+    }
+
+    #[test]
+    fn each_api_routes_among_its_own_upstreams() {
+        let config = Config::load(
+            "listen: 127.0.0.1:0\nupstreams:\n  - {name: openai, base_url: 'http://127.0.0.1:1/v1'}\n  - {name: anthropic, api: anthropic, base_url: 'http://127.0.0.1:2/v1', models: ['claude-*']}\n",
+            [],
+        )
+        .unwrap();
+        let routes = Routes::new(&config.upstreams);
+        // The catch-all OpenAI upstream does not shadow Anthropic's for Messages...
+        assert_eq!(
+            routes.route_for(Api::Anthropic, "claude-sonnet-4-5"),
+            Some(1)
+        );
+        assert_eq!(routes.route_for(Api::Anthropic, "gpt-4o"), None);
+        // ...and chat never goes to the Anthropic upstream.
+        assert_eq!(routes.route("claude-sonnet-4-5"), Some(0));
+        assert_eq!(routes.first_of(Api::Anthropic), Some(1));
+        assert_eq!(routes.first_of(Api::OpenAi), Some(0));
+        assert_eq!(
+            routes.route_preferring(Api::Anthropic, "gpt-4o"),
+            Some(0),
+            "a model only the other API serves"
+        );
     }
 }

@@ -7,6 +7,7 @@ mod prompts_golden;
 mod redis_server;
 
 mod announce;
+mod anthropic;
 mod bad_input;
 mod cluster;
 mod cost;
