@@ -115,7 +115,7 @@ pub async fn serve(
                 );
                 response
             }
-            Err(error) => error.to_response(),
+            Err(error) => error.to_response_as(request.wire.error_shape()),
         };
         response.headers_mut().insert(
             HeaderName::from_static(FINGERPRINT_HEADER),
@@ -183,7 +183,7 @@ pub async fn serve(
             Ok(response)
         }
         Err(error) => {
-            let mut response = error.to_response();
+            let mut response = error.to_response_as(request.wire.error_shape());
             response.headers_mut().insert(
                 HeaderName::from_static(FINGERPRINT_HEADER),
                 header_value(&fingerprint.hex()),
@@ -280,7 +280,7 @@ async fn serve_stream(
             )
         }
         Err(error) => {
-            let mut response = error.to_response();
+            let mut response = error.to_response_as(wire.error_shape());
             response.headers_mut().insert(
                 HeaderName::from_static(FINGERPRINT_HEADER),
                 header_value(&request.fingerprint.hex()),
@@ -319,7 +319,7 @@ fn stream_loader(
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
-        Box::pin(async move {
+        let load = async move {
             let started = std::time::Instant::now();
             let upstream = app.upstream.name(outbound.upstream).to_owned();
             let response = app
@@ -395,12 +395,19 @@ fn stream_loader(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
                     )],
-                    usage: summary.usage.or_else(|| wire.usage(&body)),
+                    // The assembled answer's usage is the whole stream's (Anthropic
+                    // reports it over two events); the relay's last report stands in.
+                    usage: wire.usage(&body).or(summary.usage),
                     body,
                 },
                 compute_time: started.elapsed(),
                 events: summary.events,
             })
+        };
+        // A flight's error reaches every follower (through Redis too) in its API's shape.
+        Box::pin(async move {
+            load.await
+                .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
         })
     })
 }
@@ -419,15 +426,7 @@ fn count_live_saving(
         if let Some(log) = log
             && log.end() == Some(sse::LogEnd::Done)
         {
-            // Usage comes last (chat: the usage chunk before `[DONE]`;
-            // Responses: the completing event).
-            let format = log.format();
-            let usage = log
-                .events()
-                .iter()
-                .rev()
-                .take(3)
-                .find_map(|event| format.event_usage(event));
+            let usage = log.format().stream_usage(&log.events());
             metrics.served(&bill, CacheStatus::Coalesced, usage);
         }
     })
@@ -460,7 +459,11 @@ fn upstream_loader(
         let outbound = outbound.clone();
         let bill = bill.clone();
         Box::pin(async move {
-            let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
+            let buffered = app
+                .upstream
+                .call_buffered(&outbound, &bill.model)
+                .await
+                .map_err(|error| error.in_shape(wire.error_shape()))?;
             let cacheable = wire.is_complete(&buffered.body);
             let response = shared_response(buffered.status, &buffered.headers, buffered.body);
             app.metrics.upstream_usage(&bill, response.usage);

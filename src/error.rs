@@ -147,9 +147,29 @@ pub enum GatewayError {
         "the purge could not be recorded in Redis for the other instances; nothing was purged, retry"
     )]
     PurgeNotRecorded,
+    /// `error`, answered in `shape` wherever it is rendered: a flight's error
+    /// reaches its followers (on other instances too, through Redis) in the
+    /// flight's API's shape, whoever renders it.
+    #[error("{error}")]
+    Shaped {
+        shape: ErrorShape,
+        error: Box<GatewayError>,
+    },
 }
 
 impl GatewayError {
+    /// This error, answered in `shape` wherever it goes (OpenAI's, the
+    /// default, needs no wrapper).
+    pub fn in_shape(self, shape: ErrorShape) -> Self {
+        match (shape, self) {
+            (ErrorShape::OpenAi, error) | (_, error @ Self::Shaped { .. }) => error,
+            (shape, error) => Self::Shaped {
+                shape,
+                error: Box::new(error),
+            },
+        }
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::InvalidRequest {
             message: message.into(),
@@ -298,6 +318,7 @@ impl GatewayError {
                 Some("purge_not_recorded"),
                 "overloaded_error",
             ),
+            Self::Shaped { error, .. } => error.mapping(),
         }
     }
 
@@ -313,6 +334,7 @@ impl GatewayError {
             | Self::CircuitOpen { retry_after, .. }
             | Self::Overloaded { retry_after } => Some(*retry_after),
             Self::ShuttingDown | Self::PurgeNotRecorded => Some(Duration::from_secs(1)),
+            Self::Shaped { error, .. } => error.retry_after(),
             _ => None,
         }
     }
@@ -323,6 +345,9 @@ impl GatewayError {
     /// obey: their own retries on top would multiply the attempts a provider
     /// that answers 429 sees.
     pub fn ends_upstream_retries(&self) -> bool {
+        if let Self::Shaped { error, .. } = self {
+            return error.ends_upstream_retries();
+        }
         matches!(
             self,
             Self::Upstream { .. }
@@ -336,6 +361,9 @@ impl GatewayError {
     /// cap, its waiter caps, its shutdown), not an answer about the request:
     /// it is never recorded in Redis for the cluster's other instances.
     pub fn is_local_to_instance(&self) -> bool {
+        if let Self::Shaped { error, .. } = self {
+            return error.is_local_to_instance();
+        }
         matches!(
             self,
             Self::CircuitOpen { .. }
@@ -371,6 +399,9 @@ impl GatewayError {
     /// As `parts`, in `shape`. A provider's own error is relayed as it came,
     /// in either shape: it is already in its API's.
     pub fn parts_as(&self, shape: ErrorShape) -> (StatusCode, HeaderMap, Bytes) {
+        if let Self::Shaped { shape, error } = self {
+            return error.parts_as(*shape);
+        }
         let Mapping {
             status,
             openai_type,
@@ -647,6 +678,33 @@ mod tests {
             body_json(relayed).await["error"]["type"],
             "overloaded_error"
         );
+    }
+
+    #[tokio::test]
+    async fn a_shaped_error_keeps_its_shape_and_its_nature() {
+        let timeout = GatewayError::UpstreamTimeout {
+            upstream: "anthropic".into(),
+        };
+        assert!(matches!(
+            GatewayError::WaitTimedOut.in_shape(ErrorShape::OpenAi),
+            GatewayError::WaitTimedOut
+        ));
+        let shaped = timeout
+            .in_shape(ErrorShape::Anthropic)
+            .in_shape(ErrorShape::Anthropic);
+        assert!(shaped.ends_upstream_retries());
+        assert!(!shaped.is_local_to_instance());
+        assert_eq!(shaped.status(), StatusCode::GATEWAY_TIMEOUT);
+        // Rendered as an OpenAI error by code that knows no better (a Redis record), it is
+        // still Anthropic's.
+        let (status, _, body) = shaped.parts();
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "timeout_error");
+        let local = GatewayError::ShuttingDown.in_shape(ErrorShape::Anthropic);
+        assert!(local.is_local_to_instance());
+        assert_eq!(local.retry_after(), Some(Duration::from_secs(1)));
     }
 
     #[tokio::test]

@@ -62,13 +62,17 @@ impl Endpoint {
 }
 
 /// How one wire format's body is keyed: which top-level fields are left out
-/// of the key (delivery fields, which cannot change the answer), and which
-/// field holds the conversation whose text is normalized like chat
+/// of the key (delivery fields, which cannot change the answer), which
+/// members of an object field are (Anthropic's `metadata.user_id`), and
+/// which field holds the conversation whose text is normalized like chat
 /// `messages`. Every other field is keyed as it is.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyKeying {
     /// Top-level fields left out of the key.
     pub ignored: fn(&str) -> bool,
+    /// `(field, member)`: a member of a top-level object left out of the key.
+    /// A field left empty by it is keyed as if absent.
+    pub ignored_members: &'static [(&'static str, &'static str)],
     /// The field whose items' text content is trimmed and unified.
     pub messages: Option<&'static str>,
 }
@@ -77,8 +81,19 @@ impl BodyKeying {
     /// OpenAI Chat Completions, Completions and Embeddings.
     pub const OPENAI: BodyKeying = BodyKeying {
         ignored: |name| field_role(name) == FieldRole::Ignored,
+        ignored_members: &[],
         messages: Some("messages"),
     };
+
+    fn ignores_member(&self, field: &str, member: &str) -> bool {
+        self.ignored_members
+            .iter()
+            .any(|(f, m)| *f == field && *m == member)
+    }
+
+    fn has_ignored_members(&self, field: &str) -> bool {
+        self.ignored_members.iter().any(|(f, _)| *f == field)
+    }
 }
 
 /// How far normalization goes beyond what never changes meaning.
@@ -311,6 +326,16 @@ pub fn canonical_body_with(
     write_object(&mut out, body, |out, name, value| {
         if (keying.ignored)(name) {
             false
+        } else if let Value::Object(members) = value
+            && keying.has_ignored_members(name)
+        {
+            let kept = |member: &str| !keying.ignores_member(name, member);
+            members.keys().any(|member| kept(member))
+                && write_entry(out, name, |out| {
+                    write_object(out, members, |out, member, item| {
+                        kept(member) && write_entry(out, member, |out| write_canonical(out, item))
+                    })
+                })
         } else if keying.messages == Some(name) {
             write_entry(out, name, |out| write_messages(out, value, normalization))
         } else {

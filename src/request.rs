@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::{
-    auth::{TenantKey, bearer_token},
+    auth::{self, TenantKey},
     config::{CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{
@@ -42,10 +42,13 @@ impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
 }
 
 /// Request headers that can change the provider's answer: keyed and forwarded.
-pub const KEYED_HEADERS: [HeaderName; 3] = [
+/// Each API's are absent from the other's requests, so one list serves both.
+pub const KEYED_HEADERS: [HeaderName; 5] = [
     HeaderName::from_static("openai-beta"),
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
 ];
 
 /// Request headers forwarded without being keyed, because they cannot change the
@@ -170,7 +173,8 @@ pub struct DedupRequest {
     pub upstream: usize,
     pub scope: TenantScope,
     pub fingerprint: Fingerprint,
-    /// The caller's bearer token, forwarded when the upstream has no key of its own.
+    /// The caller's credential (`auth::forwarded_credential`), forwarded when
+    /// the upstream has no key of its own.
     pub authorization: Option<HeaderValue>,
     /// Keyed and allowlisted headers to send upstream.
     pub forward_headers: Vec<(HeaderName, HeaderValue)>,
@@ -225,16 +229,18 @@ impl DedupRequest {
                 ));
             }
         };
-        let upstream = routes.route(&model).ok_or_else(|| GatewayError::NoRoute {
-            model: model.clone(),
-        })?;
+        let upstream =
+            routes
+                .route_for(wire.api(), &model)
+                .ok_or_else(|| GatewayError::NoRoute {
+                    model: model.clone(),
+                })?;
         wire.check(&body, rules.limits)?;
         let stream = wire.is_stream(&body);
 
-        let authorization = headers.get(header::AUTHORIZATION).cloned();
-        let credential = authorization
-            .as_ref()
-            .map(|value| bearer_token(value.as_bytes()));
+        // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever header.
+        let authorization = auth::forwarded_credential(headers);
+        let credential = auth::credential(headers);
         let scope = match cache.scope {
             CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
             CacheScope::Global => TenantScope::global(),

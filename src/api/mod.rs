@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
         .route("/v1/embeddings", post(chat::embeddings))
+        .route("/v1/messages", post(chat::messages))
         // `GET`/`DELETE /v1/responses/{id}`, `.../input_items` and `.../cancel`
         // are stateful: they are proxied below, under the pass-through policy.
         .route("/v1/responses", post(chat::responses))

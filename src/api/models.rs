@@ -33,7 +33,7 @@ pub(super) async fn list(app: &AppState, headers: &HeaderMap) -> Result<Response
             method: Method::GET,
             path: "/models".into(),
             query: None,
-            headers: forwarded_headers(app.upstream.api(upstream), headers),
+            headers: forwarded_headers(headers),
             authorization: forwarded_credential(headers),
             body: Default::default(),
         };

@@ -29,14 +29,6 @@ use crate::{
     upstream::{Outbound, body},
 };
 
-/// Anthropic's request headers that select the API's behaviour: forwarded to
-/// an Anthropic upstream (which gets `anthropic-version` even when the caller
-/// sent none: `upstream/client.rs`).
-pub(super) const ANTHROPIC_HEADERS: [HeaderName; 2] = [
-    HeaderName::from_static("anthropic-version"),
-    HeaderName::from_static("anthropic-beta"),
-];
-
 /// Request headers a proxied call carries; the rest (cookies, hop-by-hop,
 /// gateway-internal) stay here.
 const PROXIED_REQUEST_HEADERS: &[&str] = &["accept", "content-type"];
@@ -120,7 +112,7 @@ async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, Gateway
         method,
         path: path.below_base().to_owned().into(),
         query,
-        headers: forwarded_headers(app.upstream.api(upstream), &headers),
+        headers: forwarded_headers(&headers),
         authorization: forwarded_credential(&headers),
         body,
     };
@@ -128,20 +120,13 @@ async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, Gateway
 }
 
 /// The caller's headers a proxied request carries: content negotiation (one
-/// `Content-Type`, the caller's own) and the API's own headers (the keyed
-/// OpenAI ones, or Anthropic's version and beta flags).
-pub(super) fn forwarded_headers(
-    api: Api,
-    headers: &HeaderMap,
-) -> Vec<(HeaderName, axum::http::HeaderValue)> {
-    let own: &[HeaderName] = match api {
-        Api::OpenAi => &KEYED_HEADERS,
-        Api::Anthropic => &ANTHROPIC_HEADERS,
-    };
+/// `Content-Type`, the caller's own) and the keyed API headers (OpenAI's
+/// organization, project and beta; Anthropic's version and beta flags).
+pub(super) fn forwarded_headers(headers: &HeaderMap) -> Vec<(HeaderName, axum::http::HeaderValue)> {
     PROXIED_REQUEST_HEADERS
         .iter()
         .map(|name| HeaderName::from_static(name))
-        .chain(own.iter().cloned())
+        .chain(KEYED_HEADERS)
         .filter_map(|name| {
             let value = headers.get(&name)?.clone();
             Some((name, value))

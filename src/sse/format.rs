@@ -42,6 +42,19 @@ pub trait StreamFormat: Send + Sync + fmt::Debug + 'static {
 
     /// The token counts a logged event carries, if it carries any.
     fn event_usage(&self, event: &[u8]) -> Option<Usage>;
+
+    /// The token counts of a complete stream, from its events (a live
+    /// follower's saving). By default the last event among the final three
+    /// that carries usage (chat: the usage chunk before `[DONE]`; Responses:
+    /// the completing event); a format that splits usage over several events
+    /// (Anthropic: input in `message_start`, output in `message_delta`) merges them.
+    fn stream_usage(&self, events: &[Bytes]) -> Option<Usage> {
+        events
+            .iter()
+            .rev()
+            .take(3)
+            .find_map(|event| self.event_usage(event))
+    }
 }
 
 /// What the relay does with one upstream event.

@@ -20,12 +20,14 @@ use serde_json::{Map, Value};
 
 use crate::{
     cache::Usage,
-    error::GatewayError,
+    config::Api,
+    error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
     sse::{ConvertError, Format, UpstreamStreamRequest},
     validate::InputLimits,
 };
 
+pub use anthropic::{MESSAGES, MESSAGES_STREAM};
 pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
 pub use responses::{RESPONSES, RESPONSES_STREAM};
 
@@ -36,12 +38,23 @@ pub fn of(endpoint: Endpoint) -> &'static dyn Wire {
         Endpoint::Completions => &COMPLETIONS,
         Endpoint::Embeddings => &EMBEDDINGS,
         Endpoint::Responses => &RESPONSES,
-        Endpoint::Messages => &anthropic::MESSAGES,
+        Endpoint::Messages => &MESSAGES,
     }
 }
 
 /// What the deduplicated path asks of one API's wire format.
 pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
+    /// The API of the upstreams that serve it: a request is routed only
+    /// among the upstreams that speak it.
+    fn api(&self) -> Api {
+        Api::OpenAi
+    }
+
+    /// The shape of its error bodies (what its SDKs parse).
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::OpenAi
+    }
+
     /// Which body fields are keyed (every one but the delivery fields), and
     /// which holds the conversation whose text is normalized.
     fn keying(&self) -> &'static BodyKeying;

@@ -70,6 +70,7 @@ const FIELD_KINDS: &[(&str, Kind)] = &[
 ];
 
 static KEYING: BodyKeying = BodyKeying {
+    ignored_members: &[],
     ignored: |name| {
         matches!(
             name,
