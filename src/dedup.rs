@@ -372,7 +372,12 @@ fn stream_loader(
                 }
             };
             // The stream was paid for whether or not it completed.
-            app.metrics.upstream_usage(&bill, summary.usage);
+            // Its usage, from every event (Anthropic reports input and output apart).
+            let usage = wire
+                .stream_format()
+                .stream_usage(&summary.events)
+                .or(summary.usage);
+            app.metrics.upstream_usage(&bill, usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -395,9 +400,7 @@ fn stream_loader(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
                     )],
-                    // The assembled answer's usage is the whole stream's (Anthropic
-                    // reports it over two events); the relay's last report stands in.
-                    usage: wire.usage(&body).or(summary.usage),
+                    usage: wire.usage(&body).or(usage),
                     body,
                 },
                 compute_time: started.elapsed(),

@@ -8,6 +8,7 @@ mod redis_server;
 
 mod announce;
 mod anthropic;
+mod anthropic_sdk;
 mod bad_input;
 mod cluster;
 mod cost;

@@ -23,12 +23,32 @@ use crate::harness::TestGateway;
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
 /// Five calls against loopback, each with a 20 s SDK timeout of its own.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
-/// The SDK's v1 interface (`OpenAI`, `with_raw_response`), which the script uses.
-const OPENAI_REQUIREMENT: &str = "openai>=1.40,<4";
-/// Exits 0 only if an importable `openai` satisfies [`OPENAI_REQUIREMENT`].
-const IMPORT_CHECK: &str = "import sys, openai\n\
-    major, minor = (int(part) for part in openai.__version__.split('.')[:2])\n\
-    sys.exit(0 if (1, 40) <= (major, minor) < (4, 0) else 1)";
+/// A Python SDK the tests drive corral with: the pip requirement, a check that
+/// exits 0 only if an importable package satisfies it, and the directory
+/// (under the target directory) it is installed into when the system lacks it.
+struct Sdk {
+    requirement: &'static str,
+    import_check: &'static str,
+    deps: &'static str,
+}
+
+/// The OpenAI SDK's v1 interface (`OpenAI`, `with_raw_response`), which the scripts use.
+const OPENAI: Sdk = Sdk {
+    requirement: "openai>=1.40,<4",
+    import_check: "import sys, openai\n\
+        major, minor = (int(part) for part in openai.__version__.split('.')[:2])\n\
+        sys.exit(0 if (1, 40) <= (major, minor) < (4, 0) else 1)",
+    deps: "pydeps",
+};
+
+/// The Anthropic SDK with `messages.stream` and `with_raw_response`.
+const ANTHROPIC: Sdk = Sdk {
+    requirement: "anthropic>=0.40,<3",
+    import_check: "import sys, anthropic\n\
+        major, minor = (int(part) for part in anthropic.__version__.split('.')[:2])\n\
+        sys.exit(0 if (0, 40) <= (major, minor) < (3, 0) else 1)",
+    deps: "pydeps-anthropic",
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_sdk_works_through_corral() {
@@ -302,28 +322,39 @@ impl Python {
     pub(crate) async fn with_openai() -> Self {
         static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
         let pythonpath = FOUND
-            .get_or_init(|| async { Self::find_or_install().await.pythonpath })
+            .get_or_init(|| async { Self::find_or_install(&OPENAI).await.pythonpath })
             .await
             .clone();
         Self { pythonpath }
     }
 
-    async fn find_or_install() -> Self {
+    /// As `with_openai`, for the `anthropic` package (in a directory of its own).
+    pub(crate) async fn with_anthropic() -> Self {
+        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
+        let pythonpath = FOUND
+            .get_or_init(|| async { Self::find_or_install(&ANTHROPIC).await.pythonpath })
+            .await
+            .clone();
+        Self { pythonpath }
+    }
+
+    async fn find_or_install(sdk: &Sdk) -> Self {
         let system = Self { pythonpath: None };
-        if system.imports_openai().await {
+        if system.imports(sdk).await {
             return system;
         }
-        let deps = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pydeps");
+        let deps = Path::new(env!("CARGO_TARGET_TMPDIR")).join(sdk.deps);
         let installed = Self {
             pythonpath: Some(deps.clone()),
         };
-        if deps.is_dir() && installed.imports_openai().await {
+        if deps.is_dir() && installed.imports(sdk).await {
             return installed;
         }
-        pip_install(OPENAI_REQUIREMENT, &deps).await;
+        pip_install(sdk.requirement, &deps).await;
         assert!(
-            installed.imports_openai().await,
-            "installed {OPENAI_REQUIREMENT} into {} but python3 cannot import it",
+            installed.imports(sdk).await,
+            "installed {} into {} but python3 cannot import it",
+            sdk.requirement,
             deps.display()
         );
         installed
@@ -336,7 +367,7 @@ impl Python {
     }
 
     /// As `run_script`, with more arguments after the base URL.
-    async fn run_script_with(
+    pub(crate) async fn run_script_with(
         &self,
         script: &str,
         base_url: &str,
@@ -352,7 +383,11 @@ impl Python {
             .args(args)
             // The SDK (httpx) honours proxy variables; loopback must not go through one.
             .env("NO_PROXY", "127.0.0.1,localhost")
-            .env("no_proxy", "127.0.0.1,localhost");
+            .env("no_proxy", "127.0.0.1,localhost")
+            // The SDKs read keys and a base URL from these; the scripts choose their own.
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("ANTHROPIC_AUTH_TOKEN")
+            .env_remove("ANTHROPIC_BASE_URL");
         let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -379,10 +414,10 @@ impl Python {
         command
     }
 
-    async fn imports_openai(&self) -> bool {
+    async fn imports(&self, sdk: &Sdk) -> bool {
         let mut command = self.command();
-        command.args(["-c", IMPORT_CHECK]);
-        run(command, SCRIPT_TIMEOUT, "the openai import check")
+        command.args(["-c", sdk.import_check]);
+        run(command, SCRIPT_TIMEOUT, "the SDK import check")
             .await
             .status
             .success()
