@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::{
     cluster::redis_config,
-    harness::{Fleet, Reply, TestGateway, chat, count_status},
+    harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status},
     metrics::{scrape, sum},
     redis_server::RedisServer,
 };
@@ -809,4 +809,61 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
     assert_eq!(second.status, StatusCode::BAD_GATEWAY, "{:?}", second.body);
     assert_eq!(anthropic_error_type(&second.json()), "api_error");
     assert_eq!(fleet.provider.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_is_shared_live_across_instances() {
+    let redis = RedisServer::spawn().await;
+    let fleet = Fleet::start(2, |config| {
+        config.redis = Some(redis_config(&redis.url()));
+        let mut anthropic = config.upstreams[0].clone();
+        anthropic.name = "anthropic".into();
+        anthropic.api = Api::Anthropic;
+        anthropic.models = vec!["claude-*".into()];
+        config.upstreams.push(anthropic);
+    })
+    .await;
+    let body = streaming("relay this Messages stream to another instance");
+    // The owner's call is held until a caller on each instance waits on it.
+    fleet.provider.hold();
+    let tasks: Vec<_> = fleet
+        .instances
+        .iter()
+        .map(|instance| {
+            let handle = instance.clone_handle();
+            let body = body.clone();
+            tokio::spawn(async move { handle.post_with(MESSAGES, &body, &[KEY]).await })
+        })
+        .collect();
+    fleet.wait_for_waiters(2).await;
+    // Released only once the other instance follows the owner's mirror (its
+    // relay blocks in XREAD): it then reads the stream live, never a replay.
+    let mut conn = redis.client().await;
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if clients.contains("cmd=xread") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the follower's relay reads the owner's mirror");
+    fleet.provider.release();
+    let replies: Vec<Reply> = crate::harness::collect(tasks).await;
+    assert_eq!(fleet.provider.calls(), 1, "one call for the cluster");
+    let mut statuses: Vec<&str> = replies.iter().map(Reply::cache).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, ["COALESCED", "MISS"]);
+    // The provider's own events (its ping included; a synthesized replay has
+    // none) reached the other instance byte for byte, through Redis.
+    assert_eq!(replies[0].body, replies[1].body);
+    let events = events(&replies[1].body);
+    assert!(events.iter().any(|(name, _)| name == "ping"));
+    assert_eq!(events.last().unwrap().0, "message_stop");
 }
