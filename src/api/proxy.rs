@@ -100,7 +100,7 @@ async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, Gateway
                     model: "(none: no upstream speaks the Anthropic API)".to_owned(),
                 })?
         }
-        (None, Api::OpenAi) => 0,
+        (None, Api::OpenAi) => app.routes.first_of(api).unwrap_or(0),
     };
     app.passthrough.check(
         &method,

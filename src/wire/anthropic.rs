@@ -113,6 +113,12 @@ impl Wire for MessagesWire {
                 "`messages` is required",
             ));
         };
+        if messages.is_empty() {
+            return Err(GatewayError::invalid_param(
+                "messages",
+                "`messages` needs at least one message",
+            ));
+        }
         if messages.len() > limits.max_messages {
             return Err(GatewayError::invalid_param(
                 "messages",

@@ -252,6 +252,10 @@ fn requests_are_checked_before_anything_goes_upstream() {
         ),
         (json!({"model": "m", "max_tokens": 9}), "messages"),
         (
+            json!({"model": "m", "max_tokens": 9, "messages": []}),
+            "messages",
+        ),
+        (
             json!({"model": "m", "max_tokens": 9, "messages": [{"role": "system", "content": "x"}]}),
             "messages",
         ),
