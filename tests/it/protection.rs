@@ -295,11 +295,11 @@ async fn neither_redis_nor_the_logs_hold_an_api_key_or_its_plain_hash() {
     let gateway_key = "gw-live-4f1c9a7e2b";
     let provider_key = "sk-provider-88e1d0c4";
     let yaml = format!(
-        "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}', api_key_env: PROVIDER_KEY}}\nauth:\n  keys_env: GATEWAY_KEYS\n  tenant_secret_env: TENANT_SECRET\nredis:\n  url: '{}'\n  op_timeout: 2s\n",
+        "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}', api_key_env: PROVIDER_KEY}}\nauth:\n  keys_env: GATEWAY_KEYS\n  tenant_secret_env: TENANT_SECRET\nredis:\n  url: '{}'\n  op_timeout: 2s\nshutdown:\n  unready_delay: 0s\n",
         provider.base_url(),
         redis.url()
     );
-    let corral = CorralProcess::start(
+    let mut corral = CorralProcess::start(
         &yaml,
         &[
             ("GATEWAY_KEYS", &format!("{gateway_key},gw-other")),
@@ -363,8 +363,13 @@ async fn neither_redis_nor_the_logs_hold_an_api_key_or_its_plain_hash() {
         dump.iter().any(|(key, _)| key.contains(":resp:")),
         "entries were stored: {dump:?}"
     );
+    // The log is written by a background thread: wait for the flight's line,
+    // then stop the process, which flushes whatever is still queued, so every
+    // line it wrote is searched below.
+    corral.wait_for_log("upstream call").await;
+    corral.signal("TERM");
+    assert_eq!(corral.exit_code().await, Some(0), "{}", corral.logs());
     let logs = corral.logs();
-    assert!(logs.contains("upstream call"), "debug logs were captured");
     for needle in &needles {
         for (key, value) in &dump {
             assert!(!key.contains(needle.as_str()), "{needle} in key {key}");
