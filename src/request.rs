@@ -10,13 +10,13 @@ use serde_json::{Map, Value};
 
 use crate::{
     auth::{self, TenantKey},
-    config::{CacheConfig, CacheScope, LimitsConfig},
+    config::{Api, CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{
         Endpoint, Fingerprint, IdempotencyKey, KeyInput, Normalization, TenantScope,
         canonical_body_with,
     },
-    upstream::Routes,
+    upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
     wire::{self, Wire},
 };
@@ -47,9 +47,12 @@ pub const KEYED_HEADERS: [HeaderName; 5] = [
     HeaderName::from_static("openai-beta"),
     HeaderName::from_static("openai-organization"),
     HeaderName::from_static("openai-project"),
-    HeaderName::from_static("anthropic-version"),
-    HeaderName::from_static("anthropic-beta"),
+    ANTHROPIC_VERSION,
+    ANTHROPIC_BETA,
 ];
+
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// Request headers forwarded without being keyed, because they cannot change the
 /// answer. Every other header is dropped: an input that is neither keyed nor
@@ -262,6 +265,26 @@ impl DedupRequest {
                 forward_headers.push((name.clone(), value.clone()));
             }
         }
+        // Anthropic is sent the default version when the caller names none
+        // (`upstream::client`): keyed as that version, both spellings are one
+        // request. In `KEYED_HEADERS` order, so the key does not depend on it.
+        if wire.api() == Api::Anthropic
+            && !keyed_headers
+                .iter()
+                .any(|(name, _)| name == ANTHROPIC_VERSION.as_str())
+        {
+            let at = keyed_headers
+                .iter()
+                .position(|(name, _)| name == ANTHROPIC_BETA.as_str())
+                .unwrap_or(keyed_headers.len());
+            keyed_headers.insert(
+                at,
+                (
+                    ANTHROPIC_VERSION.as_str().to_owned(),
+                    DEFAULT_ANTHROPIC_VERSION.to_owned(),
+                ),
+            );
+        }
         for name in FORWARDED_HEADERS {
             if let Some(value) = headers.get(&name) {
                 forward_headers.push((name, value.clone()));
@@ -373,6 +396,52 @@ mod tests {
 
     const BODY: &str =
         r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    /// A Messages request to an `api: anthropic` upstream.
+    fn parse_messages(headers: &[(&str, &str)]) -> DedupRequest {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.upstreams[0].api = Api::Anthropic;
+        let routes = Routes::new(&config.upstreams);
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        let body = r#"{"model":"m","max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+        DedupRequest::parse(
+            Endpoint::Messages,
+            &map,
+            None,
+            Bytes::from_static(body.as_bytes()),
+            &routes,
+            &names,
+            &config.cache,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_absent_anthropic_version_is_keyed_as_the_default_it_is_sent_with() {
+        let absent = parse_messages(&[]).fingerprint;
+        assert_eq!(
+            absent,
+            parse_messages(&[("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]).fingerprint
+        );
+        assert_ne!(
+            absent,
+            parse_messages(&[("anthropic-version", "2023-01-01")]).fingerprint
+        );
+        let beta = ("anthropic-beta", "prompt-caching-2024-07-31");
+        assert_eq!(
+            parse_messages(&[beta]).fingerprint,
+            parse_messages(&[("anthropic-version", DEFAULT_ANTHROPIC_VERSION), beta]).fingerprint,
+            "the default takes the version's place before the beta header"
+        );
+        assert_ne!(absent, parse_messages(&[beta]).fingerprint);
+    }
 
     #[test]
     fn keyed_headers_and_query_change_the_fingerprint_others_do_not() {

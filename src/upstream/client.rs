@@ -364,7 +364,8 @@ impl Upstream {
         for (name, value) in &outbound.headers {
             request = request.header(name, value);
         }
-        request = authenticate(request, target, outbound).map_err(AttemptError::fatal)?;
+        request = authenticate(request, target.api, target.api_key.as_ref(), outbound)
+            .map_err(AttemptError::fatal)?;
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
@@ -434,27 +435,42 @@ pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
+/// The prefix of Anthropic's OAuth access tokens (Claude subscriptions, as
+/// Claude Code sends them): Anthropic accepts those only as a bearer token,
+/// never as `x-api-key`.
+const ANTHROPIC_OAUTH_TOKEN_PREFIX: &[u8] = b"sk-ant-oat";
+
 /// Adds the credential in the form the target's API expects: corral's own
 /// key when it has one, else the caller's. OpenAI: `Authorization` (the
 /// caller's as it came, scheme included). Anthropic: `x-api-key` (the
-/// caller's bearer token or `x-api-key`, never an `Authorization` header),
-/// plus `anthropic-version` when the caller sent none.
+/// caller's bearer token or `x-api-key`; an OAuth access token stays a bearer
+/// token, the only form Anthropic takes it in), plus `anthropic-version` when
+/// the caller sent none.
 fn authenticate(
     mut request: reqwest::RequestBuilder,
-    target: &Target,
+    api: Api,
+    own_key: Option<&Secret<String>>,
     outbound: &Outbound,
 ) -> Result<reqwest::RequestBuilder, GatewayError> {
-    match target.api {
-        Api::OpenAi => match (&target.api_key, &outbound.authorization) {
+    match api {
+        Api::OpenAi => match (own_key, &outbound.authorization) {
             (Some(key), _) => request = request.bearer_auth(key.expose()),
             (None, Some(caller)) => request = request.header(header::AUTHORIZATION, caller),
             (None, None) => {}
         },
         Api::Anthropic => {
-            let key = match (&target.api_key, &outbound.authorization) {
+            let key = match (own_key, &outbound.authorization) {
                 (Some(key), _) => Some(HeaderValue::from_str(key.expose())),
                 (None, Some(caller)) => {
-                    Some(HeaderValue::from_bytes(bearer_token(caller.as_bytes())))
+                    let token = bearer_token(caller.as_bytes());
+                    if token.starts_with(ANTHROPIC_OAUTH_TOKEN_PREFIX) {
+                        let mut bearer = caller.clone();
+                        bearer.set_sensitive(true);
+                        request = request.header(header::AUTHORIZATION, bearer);
+                        None
+                    } else {
+                        Some(HeaderValue::from_bytes(token))
+                    }
                 }
                 (None, None) => None,
             };
@@ -591,5 +607,58 @@ mod tests {
             confined_url(&root, "/../models", None).is_ok(),
             "the root is the root"
         );
+    }
+
+    fn sent_credentials(api: Api, own_key: Option<&str>, caller: Option<&str>) -> Vec<String> {
+        let own_key = own_key.map(|key| Secret::new(key.to_owned()));
+        let outbound = Outbound {
+            upstream: 0,
+            method: Method::POST,
+            path: Cow::Borrowed("/messages"),
+            query: None,
+            headers: Vec::new(),
+            authorization: caller.map(|value| HeaderValue::from_str(value).unwrap()),
+            body: Bytes::new(),
+        };
+        let builder = reqwest::Client::new().post("http://127.0.0.1:9/v1/messages");
+        let request = authenticate(builder, api, own_key.as_ref(), &outbound)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut sent: Vec<String> = ["authorization", "x-api-key"]
+            .into_iter()
+            .filter_map(|name| {
+                let value = request.headers().get(name)?.to_str().unwrap();
+                Some(format!("{name}: {value}"))
+            })
+            .collect();
+        sent.sort();
+        sent
+    }
+
+    #[test]
+    fn each_api_gets_the_credential_in_its_own_form() {
+        assert_eq!(
+            sent_credentials(Api::OpenAi, None, Some("Bearer sk-caller")),
+            ["authorization: Bearer sk-caller"]
+        );
+        assert_eq!(
+            sent_credentials(Api::OpenAi, Some("sk-own"), Some("Bearer sk-caller")),
+            ["authorization: Bearer sk-own"]
+        );
+        assert_eq!(
+            sent_credentials(Api::Anthropic, None, Some("Bearer sk-ant-api03-caller")),
+            ["x-api-key: sk-ant-api03-caller"]
+        );
+        assert_eq!(
+            sent_credentials(Api::Anthropic, Some("sk-ant-own"), Some("Bearer sk-ant-x")),
+            ["x-api-key: sk-ant-own"]
+        );
+        // An OAuth access token is refused by Anthropic as an x-api-key.
+        assert_eq!(
+            sent_credentials(Api::Anthropic, None, Some("Bearer sk-ant-oat01-caller")),
+            ["authorization: Bearer sk-ant-oat01-caller"]
+        );
+        assert!(sent_credentials(Api::Anthropic, None, None).is_empty());
     }
 }

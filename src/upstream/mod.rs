@@ -7,5 +7,5 @@ mod client;
 pub mod retry;
 mod route;
 
-pub use client::{Buffered, Outbound, Upstream};
+pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
 pub use route::Routes;
