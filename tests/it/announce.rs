@@ -71,15 +71,9 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
 
     fleet.provider.hold();
     let body = chat(&format!("{label}: followed from B"));
-    let owner = {
-        let (handle, body) = (a.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let owner = a.spawn_post(PATH, &body);
     a.wait_for_calls(6).await;
-    let follower = {
-        let (handle, body) = (b.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let follower = b.spawn_post(PATH, &body);
     // B's follower registered its interest, Redis confirmed the subscription,
     // and the follower read the record (not there yet) and waits.
     wait_for_channels(b, 1).await;
@@ -119,17 +113,7 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
 async fn command_calls(nodes: &[&RedisServer], command: &str) -> u64 {
     let mut total = 0;
     for node in nodes {
-        let mut conn = node.client().await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += info
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0);
+        total += node.command_calls(command).await;
     }
     total
 }
@@ -204,15 +188,9 @@ async fn a_resubscription_wakes_the_followers_of_a_lost_channel() {
     let (a, b) = (&fleet.instances[0], &fleet.instances[1]);
     fleet.provider.hold();
     let body = chat("resubscribed");
-    let owner = {
-        let (handle, body) = (a.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let owner = a.spawn_post(PATH, &body);
     a.wait_for_calls(1).await;
-    let follower = {
-        let (handle, body) = (b.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let follower = b.spawn_post(PATH, &body);
     wait_for_channels(b, 1).await;
     wait_for_parked_follower(b).await;
     // B's subscriber is the only pub/sub client; the owner finishes while it

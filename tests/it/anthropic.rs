@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::{
     cluster::redis_config,
-    harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status},
+    harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status, named_events},
     metrics::{scrape, sum},
     redis_server::RedisServer,
 };
@@ -42,10 +42,16 @@ pub async fn anthropic_mock(models: &[&str]) -> MockProvider {
 /// Adds `provider` as an `api: anthropic` upstream serving `claude-*`, after
 /// the catch-all OpenAI one (which must not shadow it).
 pub fn add_anthropic(config: &mut Config, provider: &MockProvider) {
+    serve_messages(config);
+    config.upstreams.last_mut().expect("just added").base_url = provider.base_url();
+}
+
+/// Adds an `api: anthropic` upstream serving `claude-*` on the first upstream's
+/// provider, after the catch-all OpenAI one (which must not shadow it).
+fn serve_messages(config: &mut Config) {
     let mut anthropic = config.upstreams[0].clone();
     anthropic.name = "anthropic".into();
     anthropic.api = Api::Anthropic;
-    anthropic.base_url = provider.base_url();
     anthropic.models = vec!["claude-*".into()];
     config.upstreams.push(anthropic);
 }
@@ -284,11 +290,7 @@ async fn the_model_list_includes_the_anthropic_upstreams_models() {
 /// herds and call counts cover Messages.
 pub async fn messages_gateway(adjust: impl FnOnce(&mut Config)) -> TestGateway {
     TestGateway::start(|config| {
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
+        serve_messages(config);
         adjust(config);
     })
     .await
@@ -314,27 +316,10 @@ fn streaming(text: &str) -> Value {
     body
 }
 
-/// `(event name, data)` of an Anthropic SSE body, checking the framing.
-fn events(body: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("UTF-8");
-    assert!(text.ends_with("\n\n"), "{text}");
-    text.split_terminator("\n\n")
-        .map(|frame| {
-            let (name, data) = frame
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not an event/data pair: {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("JSON data");
-            assert_eq!(data["type"], name, "{frame}");
-            (name.to_owned(), data)
-        })
-        .collect()
-}
-
 /// The message a stream amounts to, accumulated as the SDK's `accumulate_event` does.
 fn accumulated(reply: &Reply) -> Value {
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    let events = events(&reply.body);
+    let events = named_events(&reply.body);
     assert_eq!(
         events.last().map(|(name, _)| name.as_str()),
         Some("message_stop")
@@ -439,7 +424,7 @@ async fn stream_and_plain_callers_share_one_call() {
     let sent = gateway.provider.requests()[0].json().unwrap();
     assert_eq!(sent["stream"], true, "the shared call streams");
     // The live stream relays the provider's ping.
-    let live = events(bodies.iter().next().unwrap());
+    let live = named_events(bodies.iter().next().unwrap());
     assert!(live.iter().any(|(name, _)| name == "ping"));
 
     // Both kinds of repeat are served from the cache; the stream is synthesized.
@@ -584,7 +569,7 @@ async fn a_cut_stream_fails_every_reader_in_anthropics_shape_and_is_not_cached()
     let replies = gateway.herd(MESSAGES, &body, 20, &[KEY]).await;
     let bodies: HashSet<&Bytes> = replies.iter().map(|r| &r.body).collect();
     assert_eq!(bodies.len(), 1, "every reader got the same events");
-    let events = events(&replies[0].body);
+    let events = named_events(&replies[0].body);
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error");
     assert_eq!(error["error"]["type"], "api_error");
@@ -787,11 +772,7 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
     let redis = RedisServer::spawn().await;
     let fleet = Fleet::start(2, |config| {
         config.redis = Some(redis_config(&redis.url()));
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
+        serve_messages(config);
     })
     .await;
     // The first instance's stream breaks: its readers get the error event, and
@@ -800,7 +781,7 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
     let first = fleet.instances[0]
         .post_with(MESSAGES, &streaming("a failing flight"), &[KEY])
         .await;
-    assert_eq!(events(&first.body).last().unwrap().0, "error");
+    assert_eq!(named_events(&first.body).last().unwrap().0, "error");
     fleet.instances[0].wait_idle().await;
     // The second instance answers from that record, without a call, in Anthropic's shape.
     let second = fleet.instances[1]
@@ -816,11 +797,7 @@ async fn a_messages_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
     let fleet = Fleet::start(2, |config| {
         config.redis = Some(redis_config(&redis.url()));
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
+        serve_messages(config);
     })
     .await;
     let body = streaming("relay this Messages stream to another instance");
@@ -863,7 +840,7 @@ async fn a_messages_stream_is_shared_live_across_instances() {
     // The provider's own events (its ping included; a synthesized replay has
     // none) reached the other instance byte for byte, through Redis.
     assert_eq!(replies[0].body, replies[1].body);
-    let events = events(&replies[1].body);
+    let events = named_events(&replies[1].body);
     assert!(events.iter().any(|(name, _)| name == "ping"));
     assert_eq!(events.last().unwrap().0, "message_stop");
 }

@@ -484,20 +484,6 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     );
 }
 
-/// `calls=` of one command in Redis's `INFO commandstats`.
-async fn command_calls(redis: &RedisServer, command: &str) -> u64 {
-    let mut conn = redis.client().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// In a stampede every caller of an instance misses its L1 at once; they
 /// share one Redis read of the entry rather than queueing one read each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -519,7 +505,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         TestGateway::start_shared(fleet.provider.clone(), fleet.clock.clone(), patient).await;
     reader.wait_connected().await;
     let cluster = reader.state.cluster.clone().expect("redis is configured");
-    let gets_before = command_calls(&redis, "get").await;
+    let gets_before = redis.command_calls("get").await;
 
     // Redis answers nobody for a while: every caller that arrives meanwhile
     // either sends its own GET (and waits) or joins the one in progress.
@@ -546,7 +532,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         "all served from Redis"
     );
     assert_eq!(fleet.provider.calls(), 1, "no second upstream call");
-    let gets = command_calls(&redis, "get").await - gets_before;
+    let gets = redis.command_calls("get").await - gets_before;
     assert!(
         gets <= 2,
         "{CALLERS} callers sent {gets} GETs ({} joined a read in progress)",

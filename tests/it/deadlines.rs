@@ -568,13 +568,7 @@ async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_inter
     })
     .await;
     let body = streaming("the owner finishes; the remote follower must not wait for a stall");
-    let mut owner = fleet.instances[0]
-        .client
-        .post(format!("{}{PATH}", fleet.instances[0].url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut owner = fleet.instances[0].open(PATH, &body).await;
     let so_far = first_event(&mut owner).await;
     let follower = {
         let (client, url, body) = (

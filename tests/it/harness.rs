@@ -222,6 +222,22 @@ impl TestGateway {
         replies
     }
 
+    /// `post` on a task of its own, for callers that must wait together.
+    pub fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
+        let (handle, body, path) = (self.clone_handle(), body.clone(), path.to_owned());
+        tokio::spawn(async move { handle.post_with(&path, &body, &[]).await })
+    }
+
+    /// A POST whose (streamed) body the test reads as it arrives.
+    pub async fn open(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .expect("request reaches corral")
+    }
+
     /// A cheap handle for concurrent tasks: shares the client and address.
     pub fn clone_handle(&self) -> Handle {
         Handle {
@@ -385,6 +401,97 @@ pub fn embedding(input: &str) -> Value {
 
 pub fn completion(prompt: &str) -> Value {
     json!({"model": "gpt-3.5-turbo-instruct", "temperature": 0, "prompt": prompt})
+}
+
+/// corral in-process with a shutdown switch the test holds: its URL, state, the switch, and
+/// the server task (which ends once the switch is flipped and the drain is over).
+pub async fn start_switchable(
+    provider: &MockProvider,
+    adjust: impl FnOnce(&mut Config),
+) -> (
+    String,
+    Arc<AppState>,
+    CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let mut config = Config::for_tests(&provider.base_url());
+    adjust(&mut config);
+    config.validate().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let state = Arc::new(AppState::build(config).unwrap());
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(corral::serve(
+        listener,
+        state.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    (url, state, stop, server)
+}
+
+/// How many whole SSE events `bytes` hold.
+pub fn events_in(bytes: &[u8]) -> usize {
+    bytes.windows(2).filter(|w| w == b"\n\n").count()
+}
+
+/// Reads `response` into `bytes` until they hold at least `n` whole events.
+pub async fn read_events(response: &mut reqwest::Response, bytes: &mut Vec<u8>, n: usize) {
+    while events_in(bytes) < n {
+        let chunk = tokio::time::timeout(WAIT, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// Reads the rest of `response` into `bytes`.
+pub async fn read_to_end(response: &mut reqwest::Response, bytes: &mut Vec<u8>) {
+    while let Some(chunk) = tokio::time::timeout(WAIT, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// A stream owned on the fleet's first instance and joined live on its second: the owner
+/// reads `before` events, the follower's request is sent, the owner reads to the end.
+/// Returns the owner's bytes and the follower's reply.
+pub async fn stream_on_two_instances(
+    fleet: &Fleet,
+    path: &str,
+    body: &Value,
+    before: usize,
+) -> (Vec<u8>, Reply) {
+    let mut owner = fleet.instances[0].open(path, body).await;
+    let mut owner_bytes = Vec::new();
+    read_events(&mut owner, &mut owner_bytes, before).await;
+    // Joins on the other instance while the owner's stream is still running.
+    let follower = fleet.instances[1].post(path, body).await;
+    read_to_end(&mut owner, &mut owner_bytes).await;
+    (owner_bytes, follower)
+}
+
+/// `(name, data)` of each event of a named-event SSE body (Responses, Anthropic Messages),
+/// checking the framing: whole `event: <name>\ndata: <json>` frames, a name equal to its
+/// data's `type`.
+pub fn named_events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    assert!(text.ends_with("\n\n"), "{text}");
+    text.split_terminator("\n\n")
+        .map(|frame| {
+            let (name, data) = frame
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {frame:?}"));
+            let data: Value = serde_json::from_str(data).expect("event data is JSON");
+            assert_eq!(data["type"], name, "{frame}");
+            (name.to_owned(), data)
+        })
+        .collect()
 }
 
 /// Counts replies by `x-corral-cache`.

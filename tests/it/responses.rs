@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Fleet, Reply, TestGateway, WAIT},
+    harness::{Fleet, Reply, TestGateway, named_events, stream_on_two_instances},
     metrics::{scrape, sum},
     redis_server::RedisServer,
 };
@@ -34,22 +34,6 @@ fn streaming(text: &str) -> Value {
     body
 }
 
-/// `(name, data)` of each event of a Responses SSE body; a name must equal its data's `type`.
-fn events(body: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
-    text.split_terminator("\n\n")
-        .map(|frame| {
-            let (name, data) = frame
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named event: {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("event data is JSON");
-            assert_eq!(data["type"], name, "{frame}");
-            (name.to_owned(), data)
-        })
-        .collect()
-}
-
 /// Checks a complete Responses stream (numbered from 0, `response.completed` last, no
 /// `[DONE]`) and returns its completed `response`.
 fn completed(reply: &Reply) -> Value {
@@ -60,7 +44,7 @@ fn completed(reply: &Reply) -> Value {
             .unwrap()
             .starts_with("text/event-stream")
     );
-    let events = events(&reply.body);
+    let events = named_events(&reply.body);
     for (n, (_, data)) in events.iter().enumerate() {
         assert_eq!(data["sequence_number"], n, "numbered in order");
     }
@@ -151,7 +135,7 @@ async fn a_cut_stream_fails_every_reader_and_is_not_cached() {
     let replies = gateway.herd(PATH, &body, 20, &[]).await;
     let bodies: HashSet<&Bytes> = replies.iter().map(|r| &r.body).collect();
     assert_eq!(bodies.len(), 1, "every reader got the same events");
-    let events = events(&replies[0].body);
+    let events = named_events(&replies[0].body);
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error");
     assert_eq!(error["code"], "upstream_stream_broken");
@@ -350,31 +334,7 @@ async fn a_stream_is_shared_live_across_instances() {
     })
     .await;
     let body = streaming("relay this Responses stream live to another instance of the gateway");
-    let mut owner = fleet.instances[0]
-        .client
-        .post(format!("{}{PATH}", fleet.instances[0].url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while owner_bytes.windows(2).filter(|w| w == b"\n\n").count() < 3 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    // Joins on the other instance while the owner's stream is still running.
-    let follower = fleet.instances[1].post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 3).await;
     assert_eq!(follower.cache(), "COALESCED");
     // A replay of the finished answer would be synthesized differently (and
     // numbered anew): equal bytes mean the owner's own events came through Redis.

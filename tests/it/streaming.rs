@@ -11,7 +11,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Fleet, Reply, TestGateway, WAIT, chat, collect, count_status},
+    harness::{
+        Fleet, Reply, TestGateway, chat, collect, count_status, read_events, read_to_end,
+        stream_on_two_instances,
+    },
     redis_server::RedisServer,
 };
 
@@ -104,32 +107,13 @@ async fn a_follower_joining_halfway_receives_the_whole_stream() {
     .unwrap();
     let gateway = TestGateway::start_with(provider, |_| {}).await;
     let body = streaming("a long answer that streams word by word so that someone can join late");
-    let mut owner = gateway
-        .client
-        .post(format!("{}{PATH}", gateway.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut owner = gateway.open(PATH, &body).await;
     assert_eq!(owner.headers()["x-corral-cache"], "MISS");
     let mut owner_bytes = Vec::new();
     // Read a few events first: the follower joins a stream already under way.
-    while events_in(&owner_bytes) < 4 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    read_events(&mut owner, &mut owner_bytes, 4).await;
     let follower = gateway.post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    read_to_end(&mut owner, &mut owner_bytes).await;
     assert_eq!(follower.cache(), "COALESCED", "joined the live flight");
     assert_eq!(
         follower.body,
@@ -137,10 +121,6 @@ async fn a_follower_joining_halfway_receives_the_whole_stream() {
         "byte for byte the owner's stream"
     );
     assert_eq!(gateway.provider.calls(), 1);
-}
-
-fn events_in(bytes: &[u8]) -> usize {
-    bytes.windows(2).filter(|w| w == b"\n\n").count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +296,7 @@ async fn a_follower_on_another_instance_relays_the_stream_live() {
     })
     .await;
     let body = streaming("relay this stream live to another instance of the gateway please");
-    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 2).await;
     assert_eq!(follower.cache(), "COALESCED");
     // A replay of the finished answer would be chunked differently: equal bytes
     // mean the follower relayed the owner's own events from Redis.
@@ -346,7 +326,7 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
     .await;
     let canary = "CANARY-7f3a streamed secret words for the relay";
     let body = streaming(canary);
-    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 2).await;
     assert_eq!(
         follower.body,
         Bytes::from(owner_bytes),
@@ -388,36 +368,4 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
         .await
         .unwrap();
     assert!(ttl > 0);
-}
-
-/// The owner streams `body` on instance 0; once two events arrived, the same
-/// request is sent to instance 1. Returns the owner's whole stream and the follower's reply.
-async fn stream_on_two_instances(fleet: &Fleet, body: &Value) -> (Vec<u8>, Reply) {
-    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
-    let mut owner = fleet.instances[0]
-        .client
-        .post(owner_url)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while events_in(&owner_bytes) < 2 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    // Joins on the other instance while the owner's stream is still running.
-    let follower = fleet.instances[1].post(PATH, body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    (owner_bytes, follower)
 }
