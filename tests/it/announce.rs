@@ -10,7 +10,7 @@ use corral::{cluster::AnnounceCounts, config::RedisConfig};
 use reqwest::StatusCode;
 
 use crate::{
-    cluster::redis_config,
+    cluster::{cluster_config, redis_config},
     harness::{Fleet, TestGateway, WAIT, chat},
     redis_server::{RedisCluster, RedisServer},
 };
@@ -109,6 +109,17 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
     assert_eq!(counts(b).unsubscribes, 1);
 }
 
+/// Two instances on `redis` whose followers' backstop poll is [`POLL`].
+async fn pair(redis: RedisConfig) -> Fleet {
+    Fleet::start(2, move |config| {
+        config.redis = Some(RedisConfig {
+            poll_interval: POLL,
+            ..redis.clone()
+        });
+    })
+    .await
+}
+
 /// `calls=` of each command in `INFO commandstats`, summed over `nodes`.
 async fn command_calls(nodes: &[&RedisServer], command: &str) -> u64 {
     let mut total = 0;
@@ -121,13 +132,7 @@ async fn command_calls(nodes: &[&RedisServer], command: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_hears_only_the_flights_its_followers_wait_on() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            poll_interval: POLL,
-            ..redis_config(&redis.url())
-        });
-    })
-    .await;
+    let fleet = pair(redis_config(&redis.url())).await;
     b_hears_only_what_it_follows(&fleet, "single").await;
 
     // Redis counted the same: six plain publishes, one subscription made and
@@ -148,16 +153,7 @@ async fn an_instance_hears_only_the_flights_its_followers_wait_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_announces_on_sharded_channels() {
     let cluster = RedisCluster::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            url: None,
-            nodes: cluster.urls(),
-            cluster: true,
-            poll_interval: POLL,
-            ..redis_config("redis://unused")
-        });
-    })
-    .await;
+    let fleet = pair(cluster_config(&cluster)).await;
     b_hears_only_what_it_follows(&fleet, "sharded").await;
 
     let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
@@ -178,13 +174,7 @@ async fn a_redis_cluster_announces_on_sharded_channels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resubscription_wakes_the_followers_of_a_lost_channel() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            poll_interval: POLL,
-            ..redis_config(&redis.url())
-        });
-    })
-    .await;
+    let fleet = pair(redis_config(&redis.url())).await;
     let (a, b) = (&fleet.instances[0], &fleet.instances[1]);
     fleet.provider.hold();
     let body = chat("resubscribed");

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::{
     cluster::redis_config,
     harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status, named_events},
-    metrics::{scrape, sum},
+    metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
 };
 
@@ -54,6 +54,17 @@ fn serve_messages(config: &mut Config) {
     anthropic.api = Api::Anthropic;
     anthropic.models = vec!["claude-*".into()];
     config.upstreams.push(anthropic);
+}
+
+/// Anthropic's 529 `overloaded_error`, asking to be retried after `retry_after` seconds.
+pub fn overloaded(retry_after: &str) -> Scripted {
+    Scripted {
+        status: 529,
+        headers: vec![("retry-after".into(), retry_after.into())],
+        body:
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+                .to_string(),
+    }
 }
 
 pub fn count_body() -> Value {
@@ -232,13 +243,7 @@ async fn a_gateway_key_passes_in_either_header_and_corrals_own_key_goes_upstream
 async fn an_overloaded_anthropic_upstream_is_retried_after_its_retry_after() {
     let anthropic = anthropic_mock(&[MODEL]).await;
     let gateway = TestGateway::start(|config| add_anthropic(config, &anthropic)).await;
-    anthropic.push_script(Scripted {
-        status: 529,
-        headers: vec![("retry-after".into(), "0.3".into())],
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    });
+    anthropic.push_script(overloaded("0.3"));
     let reply = gateway
         .post_with(
             "/v1/messages/count_tokens",
@@ -589,13 +594,7 @@ async fn a_cut_stream_fails_every_reader_in_anthropics_shape_and_is_not_cached()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_retried_and_a_lasting_one_relayed_as_anthropic_sent_it() {
     let gateway = messages_gateway(|_| {}).await;
-    gateway.provider.push_script(Scripted {
-        status: 529,
-        headers: vec![("retry-after".into(), "0.2".into())],
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    });
+    gateway.provider.push_script(overloaded("0.2"));
     let reply = gateway.post_with(MESSAGES, &message("busy?"), &[KEY]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(gateway.provider.calls(), 2, "the 529 and its retry");
@@ -730,13 +729,7 @@ async fn metrics_count_messages_tokens_cache_reads_and_writes_under_the_model() 
     let m = scrape(&gateway).await;
     let model = ("model", MODEL);
     assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 10.0);
-    let tokens = |kind, source| {
-        sum(
-            &m,
-            "corral_tokens_total",
-            &[model, ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| model_tokens(&m, MODEL, kind, source);
     for (kind, n) in [
         ("input", input),
         ("cached_input", read),
@@ -754,17 +747,7 @@ async fn metrics_count_messages_tokens_cache_reads_and_writes_under_the_model() 
         "{saved} != {}",
         10.0 * one
     );
-    let requests = |cache| {
-        sum(
-            &m,
-            "corral_requests_total",
-            &[("endpoint", "messages"), ("cache", cache)],
-        )
-    };
-    assert_eq!(
-        (requests("MISS"), requests("COALESCED"), requests("HIT")),
-        (1.0, 9.0, 1.0)
-    );
+    assert_eq!(requests_by_cache(&m, "messages"), (1.0, 9.0, 1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,6 +38,16 @@ pub(crate) fn redis_config(url: &str) -> RedisConfig {
     }
 }
 
+/// [`redis_config`] for a Redis Cluster: its nodes instead of one URL.
+pub(crate) fn cluster_config(cluster: &RedisCluster) -> RedisConfig {
+    RedisConfig {
+        url: None,
+        nodes: cluster.urls(),
+        cluster: true,
+        ..redis_config("redis://unused")
+    }
+}
+
 fn assert_one_answer(replies: &[crate::harness::Reply]) {
     assert!(
         replies.iter().all(|r| r.status == StatusCode::OK),
@@ -640,15 +650,7 @@ async fn corral_starts_and_serves_with_redis_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_master_redis_cluster_dedups_across_four_instances() {
     let cluster = RedisCluster::spawn().await;
-    let fleet = Fleet::start(4, |config| {
-        config.redis = Some(RedisConfig {
-            url: None,
-            nodes: cluster.urls(),
-            cluster: true,
-            ..redis_config("redis://unused")
-        });
-    })
-    .await;
+    let fleet = Fleet::start(4, |config| config.redis = Some(cluster_config(&cluster))).await;
     for round in 1..=3u64 {
         let replies = fleet
             .herd(PATH, &chat(&format!("cluster mode {round}")), 1000)

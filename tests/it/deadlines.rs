@@ -27,7 +27,7 @@ use tokio::{
 };
 
 use crate::{
-    harness::{TestGateway, WAIT, chat},
+    harness::{TestGateway, WAIT, chat, redis_at},
     redis_server::RedisServer,
 };
 
@@ -334,11 +334,7 @@ async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_l
     let gateway = TestGateway::start_with(provider, |config| {
         config.upstreams[0].request_timeout = total;
         config.coalesce.stream_stall_timeout = Duration::from_secs(60);
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
+        config.redis = Some(redis_at(&redis.url()));
     })
     .await;
     gateway.wait_connected().await;
@@ -560,10 +556,8 @@ async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_inter
     let fleet = crate::harness::Fleet::start_with(provider, 2, |config| {
         config.coalesce.stream_stall_timeout = Duration::from_secs(120);
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             poll_interval,
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;
@@ -627,10 +621,8 @@ async fn a_remote_streaming_follower_whose_owner_dies_mid_stream_ends_long_befor
     let follower_gateway = TestGateway::start_with(provider.clone(), |config| {
         config.coalesce.stream_stall_timeout = stall;
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             lock_ttl: Duration::from_secs(1),
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;

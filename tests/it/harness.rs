@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use corral::{AppState, Config, clock::ManualClock};
+use corral::{AppState, Config, clock::ManualClock, config::RedisConfig};
 use mock_upstream::{MockProvider, MockSettings};
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::{Value, json};
@@ -222,6 +222,20 @@ impl TestGateway {
         replies
     }
 
+    /// Holds the provider, starts `callers`, and releases it once `n` callers wait on the
+    /// held flight: they all arrive while one call is under way. Returns what `callers` return.
+    pub async fn held_for_waiters<T: Send + 'static>(
+        &self,
+        n: usize,
+        callers: impl FnOnce() -> tokio::task::JoinHandle<T>,
+    ) -> T {
+        self.provider.hold();
+        let task = callers();
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        task.await.expect("callers' task")
+    }
+
     /// `post` on a task of its own, for callers that must wait together.
     pub fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
         let (handle, body, path) = (self.clone_handle(), body.clone(), path.to_owned());
@@ -427,6 +441,31 @@ pub async fn start_switchable(
         stop.clone().cancelled_owned(),
     ));
     (url, state, stop, server)
+}
+
+/// Redis at `url` for a test: a 2 s bound on each operation (far above a healthy round trip on a
+/// loaded machine, still finite).
+pub fn redis_at(url: &str) -> RedisConfig {
+    RedisConfig {
+        url: Some(url.to_owned()),
+        op_timeout: Duration::from_secs(2),
+        ..RedisConfig::default()
+    }
+}
+
+/// Two instances sharing `redis`, in front of a provider that sends a stream's events 50 ms
+/// apart, so that a caller on the second instance joins a stream under way.
+pub async fn slow_stream_fleet(redis: RedisConfig) -> Fleet {
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(50),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    Fleet::start_with(provider, 2, move |config| {
+        config.redis = Some(redis.clone())
+    })
+    .await
 }
 
 /// How many whole SSE events `bytes` hold.

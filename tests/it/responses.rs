@@ -3,17 +3,18 @@
 //! only on `response.completed`, broken streams failing every reader, `background` requests and
 //! the stateful `/v1/responses/{id}` routes passed through, and the metrics under the model.
 
-use std::{collections::HashSet, time::Duration};
+use std::collections::HashSet;
 
 use bytes::Bytes;
-use corral::config::{ModelPrice, PriceTable, RedisConfig, Secret};
-use mock_upstream::{MockProvider, MockSettings};
+use corral::config::{ModelPrice, PriceTable, Secret};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Fleet, Reply, TestGateway, named_events, stream_on_two_instances},
-    metrics::{scrape, sum},
+    harness::{
+        Reply, TestGateway, named_events, redis_at, slow_stream_fleet, stream_on_two_instances,
+    },
+    metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
 };
 
@@ -289,13 +290,7 @@ async fn metrics_count_tokens_and_saved_responses_under_the_model() {
     let m = scrape(&gateway).await;
     let model = ("model", "gpt-4o-mini");
     assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 10.0);
-    let tokens = |kind, source| {
-        sum(
-            &m,
-            "corral_tokens_total",
-            &[model, ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| model_tokens(&m, "gpt-4o-mini", kind, source);
     assert_eq!(tokens("input", "upstream"), input);
     assert_eq!(tokens("output", "upstream"), output);
     assert_eq!(tokens("input", "saved"), 10.0 * input);
@@ -303,36 +298,13 @@ async fn metrics_count_tokens_and_saved_responses_under_the_model() {
     let saved = sum(&m, "corral_cost_usd_total", &[model, ("source", "saved")]);
     let expected = 10.0 * (input * 0.15 + output * 0.6) / 1e6;
     assert!((saved - expected).abs() < 1e-9, "{saved} != {expected}");
-    let requests = |cache| {
-        sum(
-            &m,
-            "corral_requests_total",
-            &[("endpoint", "responses"), ("cache", cache)],
-        )
-    };
-    assert_eq!(
-        (requests("MISS"), requests("COALESCED"), requests("HIT")),
-        (1.0, 9.0, 1.0)
-    );
+    assert_eq!(requests_by_cache(&m, "responses"), (1.0, 9.0, 1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
-    })
-    .await;
+    let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
     let body = streaming("relay this Responses stream live to another instance of the gateway");
     let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 3).await;
     assert_eq!(follower.cache(), "COALESCED");

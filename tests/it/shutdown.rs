@@ -4,7 +4,6 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
-use corral::config::RedisConfig;
 use mock_upstream::MockProvider;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -15,7 +14,7 @@ use tokio::{
 };
 
 use crate::{
-    harness::{Reply, WAIT, chat, collect, start_switchable},
+    harness::{Reply, WAIT, chat, collect, redis_at, start_switchable},
     redis_server::RedisServer,
 };
 
@@ -277,11 +276,7 @@ async fn followers_of_a_flight_cut_by_the_drain_timeout_get_503_and_the_lock_is_
     let redis = RedisServer::spawn().await;
     let provider = MockProvider::start(Default::default()).await.unwrap();
     let (url, state, stop, server) = start_switchable(&provider, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
+        config.redis = Some(redis_at(&redis.url()));
         config.shutdown.drain_timeout = Duration::from_millis(500);
     })
     .await;

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::{
     harness::{
-        Fleet, Reply, TestGateway, chat, collect, count_status, read_events, read_to_end,
-        stream_on_two_instances,
+        Fleet, Reply, TestGateway, chat, collect, count_status, read_events, read_to_end, redis_at,
+        slow_stream_fleet, stream_on_two_instances,
     },
     redis_server::RedisServer,
 };
@@ -128,10 +128,8 @@ async fn three_instances_share_one_upstream_stream_through_redis() {
     let redis = RedisServer::spawn().await;
     let fleet = Fleet::start(3, |config| {
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             poll_interval: Duration::from_millis(200),
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;
@@ -281,20 +279,7 @@ async fn cached_answers_serve_both_kinds_of_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_on_another_instance_relays_the_stream_live() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
-    })
-    .await;
+    let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
     let body = streaming("relay this stream live to another instance of the gateway please");
     let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 2).await;
     assert_eq!(follower.cache(), "COALESCED");
@@ -309,19 +294,9 @@ async fn a_follower_on_another_instance_relays_the_stream_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirrored_stream_events_are_encrypted_at_rest() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            encryption_key: Some(corral::config::Secret::new([0x42; 32])),
-            ..RedisConfig::default()
-        });
+    let fleet = slow_stream_fleet(RedisConfig {
+        encryption_key: Some(corral::config::Secret::new([0x42; 32])),
+        ..redis_at(&redis.url())
     })
     .await;
     let canary = "CANARY-7f3a streamed secret words for the relay";
