@@ -185,14 +185,7 @@ async fn a_resubscription_wakes_the_followers_of_a_lost_channel() {
     wait_for_parked_follower(b).await;
     // B's subscriber is the only pub/sub client; the owner finishes while it
     // is gone, so its announcement reaches nobody.
-    let mut conn = redis.client().await;
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let killed = redis.kill_pubsub_clients().await;
     assert_eq!(killed, 1);
     fleet.provider.release();
     let owner = owner.await.unwrap();

@@ -425,28 +425,11 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     // Announcements lost: every subscriber connection is killed mid-wait.
     fleet.provider.hold();
     let body = chat("lost announcement");
-    let owner_task = fleet.instances[0].clone_handle();
-    let owner_request = {
-        let body = body.clone();
-        tokio::spawn(async move { owner_task.post_with(PATH, &body, &[]).await })
-    };
+    let owner_request = fleet.instances[0].spawn_post(PATH, &body);
     owner.wait_for_calls(1).await;
-    let followers: Vec<_> = (0..5)
-        .map(|_| {
-            let handle = follower.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
-        .collect();
+    let followers: Vec<_> = (0..5).map(|_| follower.spawn_post(PATH, &body)).collect();
     follower.wait_for_waiters(5).await;
-    let mut conn = redis.client().await;
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    redis.kill_pubsub_clients().await;
     fleet.provider.release();
     let released = Instant::now();
     let mut replies = collect(followers).await;
@@ -464,19 +447,9 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     // Redis restarted empty: the lock and the record are gone mid-wait.
     fleet.provider.hold();
     let body = chat("redis restarts");
-    let owner_task = fleet.instances[0].clone_handle();
-    let owner_request = {
-        let body = body.clone();
-        tokio::spawn(async move { owner_task.post_with(PATH, &body, &[]).await })
-    };
+    let owner_request = fleet.instances[0].spawn_post(PATH, &body);
     owner.wait_for_calls(2).await;
-    let followers: Vec<_> = (0..5)
-        .map(|_| {
-            let handle = follower.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
-        .collect();
+    let followers: Vec<_> = (0..5).map(|_| follower.spawn_post(PATH, &body)).collect();
     follower.wait_for_waiters(5).await;
     redis.restart().await;
     // At most one extra call: a follower takes over the vanished lock.
@@ -528,11 +501,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         .await
         .unwrap();
     let tasks: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            let handle = reader.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
+        .map(|_| reader.spawn_post(PATH, &body))
         .collect();
     let replies = collect(tasks).await;
 

@@ -27,16 +27,14 @@ use tokio::{
 };
 
 use crate::{
-    harness::{TestGateway, WAIT, chat, redis_at},
+    harness::{TestGateway, WAIT, chat, redis_at, streamed},
     redis_server::RedisServer,
 };
 
 const PATH: &str = "/v1/chat/completions";
 
 fn streaming(content: &str) -> Value {
-    let mut body = chat(content);
-    body["stream"] = json!(true);
-    body
+    streamed(chat(content))
 }
 
 /// A provider (OpenAI's wire format) for what the shipped mock does not do:

@@ -236,6 +236,24 @@ impl TestGateway {
         task.await.expect("callers' task")
     }
 
+    /// After one upstream stream was cut (the provider truncating streams): once the flight is
+    /// over and the provider streams whole again, `body` is a MISS, the second upstream call,
+    /// since nothing of the cut stream was cached. Returns that reply.
+    pub async fn post_after_a_cut(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        assert_eq!(self.provider.calls(), 1);
+        self.wait_idle().await;
+        self.provider.set_truncate_streams(false);
+        let next = self.post_with(path, body, headers).await;
+        assert_eq!(next.cache(), "MISS", "nothing was cached");
+        assert_eq!(self.provider.calls(), 2);
+        next
+    }
+
     /// `post` on a task of its own, for callers that must wait together.
     pub fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
         let (handle, body, path) = (self.clone_handle(), body.clone(), path.to_owned());
@@ -407,6 +425,12 @@ pub fn chat(content: &str) -> Value {
         "temperature": 0,
         "messages": [{"role": "user", "content": content}],
     })
+}
+
+/// `body` asking for a stream.
+pub fn streamed(mut body: Value) -> Value {
+    body["stream"] = json!(true);
+    body
 }
 
 pub fn embedding(input: &str) -> Value {

@@ -138,6 +138,19 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Kills every pub/sub client connection (`CLIENT KILL TYPE pubsub`): announcements sent
+    /// before their subscribers reconnect reach nobody. Returns how many were killed.
+    pub async fn kill_pubsub_clients(&self) -> i64 {
+        let mut conn = self.client().await;
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
     /// Every key with its value, as `redis-cli --scan` + `GET` would dump them.
     pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
         let mut conn = self.client().await;

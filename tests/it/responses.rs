@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::{
     harness::{
         Reply, TestGateway, named_events, redis_at, slow_stream_fleet, stream_on_two_instances,
+        streamed,
     },
     metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
@@ -30,9 +31,7 @@ fn request(text: &str) -> Value {
 }
 
 fn streaming(text: &str) -> Value {
-    let mut body = request(text);
-    body["stream"] = json!(true);
-    body
+    streamed(request(text))
 }
 
 /// Checks a complete Responses stream (numbered from 0, `response.completed` last, no
@@ -142,13 +141,7 @@ async fn a_cut_stream_fails_every_reader_and_is_not_cached() {
     assert_eq!(error["code"], "upstream_stream_broken");
     assert_eq!(error["sequence_number"], events.len() - 1);
     assert!(events.iter().all(|(name, _)| name != "response.completed"));
-    assert_eq!(gateway.provider.calls(), 1);
-    gateway.wait_idle().await;
-    gateway.provider.set_truncate_streams(false);
-    let next = gateway.post(PATH, &body).await;
-    assert_eq!(next.cache(), "MISS", "nothing was cached");
-    completed(&next);
-    assert_eq!(gateway.provider.calls(), 2);
+    completed(&gateway.post_after_a_cut(PATH, &body, &[]).await);
 }
 
 #[tokio::test]

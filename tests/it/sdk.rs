@@ -156,6 +156,18 @@ async fn the_sdks_base64_and_float_callers_share_embeddings() {
     assert_eq!(formats, ["base64", "float", "base64"], "{context}");
 }
 
+/// The non-stream repeat a phased SDK script sends right after its streams was served from the
+/// cache, or from the flight still storing what it streamed: no upstream call either way.
+pub(crate) fn assert_repeat_after_stream_served(results: &Value, context: &str) {
+    assert!(
+        matches!(
+            results["after_stream_cache"].as_str(),
+            Some("HIT" | "COALESCED")
+        ),
+        "{context}"
+    );
+}
+
 /// Runs `tests/sdk/<script>` against the gateway; its last stdout line is JSON.
 async fn run_sdk_script(python: &Python, gateway: &TestGateway, script: &str) -> (Value, String) {
     python.run_script(script, &gateway.url).await
@@ -267,13 +279,7 @@ async fn the_openai_python_sdks_responses_calls_are_deduplicated() {
         serde_json::json!(["response.created", "response.completed"]),
         "{context}"
     );
-    assert!(
-        matches!(
-            results["after_stream_cache"].as_str(),
-            Some("HIT" | "COALESCED")
-        ),
-        "{context}"
-    );
+    assert_repeat_after_stream_served(&results, &context);
     assert_eq!(gateway.provider.calls(), 2, "{context}");
 
     // A stream cut before response.completed: every caller ends with the error

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::{
     harness::{
         Fleet, Reply, TestGateway, chat, collect, count_status, read_events, read_to_end, redis_at,
-        slow_stream_fleet, stream_on_two_instances,
+        slow_stream_fleet, stream_on_two_instances, streamed,
     },
     redis_server::RedisServer,
 };
@@ -21,9 +21,7 @@ use crate::{
 const PATH: &str = "/v1/chat/completions";
 
 fn streaming(content: &str) -> Value {
-    let mut body = chat(content);
-    body["stream"] = json!(true);
-    body
+    streamed(chat(content))
 }
 
 /// The `data:` payloads of an SSE body, in order.
@@ -244,13 +242,7 @@ async fn a_truncated_stream_fails_every_follower_and_is_not_cached() {
         );
         assert!(!events.iter().any(|e| e == "[DONE]"));
     }
-    assert_eq!(gateway.provider.calls(), 1);
-    gateway.wait_idle().await;
-    gateway.provider.set_truncate_streams(false);
-    let next = gateway.post(PATH, &body).await;
-    assert_eq!(next.cache(), "MISS", "nothing was cached");
-    assembled_content(&next);
-    assert_eq!(gateway.provider.calls(), 2);
+    assembled_content(&gateway.post_after_a_cut(PATH, &body, &[]).await);
 }
 
 #[tokio::test]
