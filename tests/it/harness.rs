@@ -254,6 +254,58 @@ impl TestGateway {
         next
     }
 
+    /// A herd of both kinds on a held provider: a caller of `stream_body` waits first, so the
+    /// flight (and its upstream call) streams; then callers alternate between `plain_body` and
+    /// `stream_body` up to `n` in all, and the provider is released once all `n` wait.
+    /// Checks that one upstream call, a streamed one, served both kinds, and that every
+    /// stream caller got the same bytes. Returns the stream callers' replies and the plain
+    /// callers'.
+    pub async fn mixed_herd(
+        &self,
+        path: &str,
+        stream_body: &Value,
+        plain_body: &Value,
+        n: usize,
+        headers: &[(&str, &str)],
+    ) -> (Vec<Reply>, Vec<Reply>) {
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        let spawn = |i: usize| {
+            let (handle, path, headers) = (self.clone_handle(), path.to_owned(), headers.clone());
+            let is_stream = i % 2 == 0;
+            let body = if is_stream { stream_body } else { plain_body }.clone();
+            tokio::spawn(async move {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str()))
+                    .collect();
+                (is_stream, handle.post_with(&path, &body, &headers).await)
+            })
+        };
+        self.provider.hold();
+        let mut tasks = vec![spawn(0)];
+        self.wait_for_waiters(1).await;
+        tasks.extend((1..n).map(spawn));
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        let (mut streamed, mut plain) = (Vec::new(), Vec::new());
+        for task in tasks {
+            match task.await.expect("request task") {
+                (true, reply) => streamed.push(reply),
+                (false, reply) => plain.push(reply),
+            }
+        }
+        assert_eq!(self.provider.calls(), 1, "one upstream call for both kinds");
+        let bodies: std::collections::HashSet<&Bytes> =
+            streamed.iter().map(|reply| &reply.body).collect();
+        assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+        let sent = self.provider.requests()[0].json().unwrap();
+        assert_eq!(sent["stream"], true, "the shared call streams");
+        (streamed, plain)
+    }
+
     /// `post` on a task of its own, for callers that must wait together.
     pub fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
         let (handle, body, path) = (self.clone_handle(), body.clone(), path.to_owned());
@@ -536,6 +588,29 @@ pub async fn stream_on_two_instances(
     let follower = fleet.instances[1].post(path, body).await;
     read_to_end(&mut owner, &mut owner_bytes).await;
     (owner_bytes, follower)
+}
+
+/// [`stream_on_two_instances`], checked: the follower joined the owner's flight (COALESCED, one
+/// upstream call) and got the owner's bytes exactly. A replay of the finished answer would be
+/// framed (and, for Responses, numbered) anew: equal bytes mean the owner's own events came
+/// through Redis. Returns the follower's reply.
+pub async fn relayed_live(fleet: &Fleet, path: &str, body: &Value, before: usize) -> Reply {
+    let (owner_bytes, follower) = stream_on_two_instances(fleet, path, body, before).await;
+    assert_eq!(follower.cache(), "COALESCED");
+    assert_eq!(follower.body, Bytes::from(owner_bytes));
+    assert_eq!(fleet.provider.calls(), 1);
+    follower
+}
+
+/// A 200 answered as server-sent events.
+pub fn assert_event_stream(reply: &Reply) {
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
 }
 
 /// `(name, data)` of each event of a named-event SSE body (Responses, Anthropic Messages),

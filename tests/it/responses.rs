@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use crate::{
     harness::{
-        Reply, TestGateway, named_events, redis_at, slow_stream_fleet, stream_on_two_instances,
-        streamed,
+        Reply, TestGateway, assert_event_stream, named_events, redis_at, relayed_live,
+        slow_stream_fleet, streamed,
     },
     metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
@@ -37,13 +37,7 @@ fn streaming(text: &str) -> Value {
 /// Checks a complete Responses stream (numbered from 0, `response.completed` last, no
 /// `[DONE]`) and returns its completed `response`.
 fn completed(reply: &Reply) -> Value {
-    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    assert!(
-        reply
-            .header("content-type")
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    assert_event_stream(reply);
     let events = named_events(&reply.body);
     for (n, (_, data)) in events.iter().enumerate() {
         assert_eq!(data["sequence_number"], n, "numbered in order");
@@ -68,49 +62,34 @@ fn output_text(response: &Value) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_non_stream_callers_share_one_call() {
     let gateway = TestGateway::start(|_| {}).await;
-    gateway.provider.hold();
-    let handle = gateway.clone_handle();
-    let spawn = |i: usize| {
-        let handle = handle.clone();
-        let body = if i % 2 == 0 {
-            streaming("mixed callers")
-        } else {
-            request("mixed callers")
-        };
-        tokio::spawn(async move { (i % 2 == 0, handle.post_with(PATH, &body, &[]).await) })
-    };
     // A streaming caller owns the flight, so the upstream call streams and the
     // non-stream callers get the response of its `response.completed`.
-    let mut tasks = vec![spawn(0)];
-    gateway.wait_for_waiters(1).await;
-    tasks.extend((1..100).map(spawn));
-    gateway.wait_for_waiters(100).await;
-    gateway.provider.release();
-    let (mut streams, mut plain) = (HashSet::new(), HashSet::new());
-    let mut bodies = HashSet::new();
-    for task in tasks {
-        let (is_stream, reply) = task.await.unwrap();
-        if is_stream {
-            bodies.insert(reply.body.clone());
-            streams.insert(completed(&reply).to_string());
-        } else {
+    let (stream_replies, plain_replies) = gateway
+        .mixed_herd(
+            PATH,
+            &streaming("mixed callers"),
+            &request("mixed callers"),
+            100,
+            &[],
+        )
+        .await;
+    let streams: HashSet<String> = stream_replies
+        .iter()
+        .map(|reply| completed(reply).to_string())
+        .collect();
+    let plain: HashSet<String> = plain_replies
+        .iter()
+        .map(|reply| {
             assert_eq!(reply.status, StatusCode::OK);
             assert_eq!(reply.json()["object"], "response");
-            plain.insert(reply.json().to_string());
-        }
-    }
-    assert_eq!(
-        gateway.provider.calls(),
-        1,
-        "one upstream call for both kinds"
-    );
-    assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+            reply.json().to_string()
+        })
+        .collect();
     assert_eq!(
         streams, plain,
         "a non-stream caller gets the response of response.completed"
     );
     let sent = gateway.provider.requests()[0].json().unwrap();
-    assert_eq!(sent["stream"], true, "the shared call streams");
     assert!(
         sent.get("stream_options").is_none(),
         "Responses needs no usage option"
@@ -299,11 +278,5 @@ async fn a_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
     let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
     let body = streaming("relay this Responses stream live to another instance of the gateway");
-    let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 3).await;
-    assert_eq!(follower.cache(), "COALESCED");
-    // A replay of the finished answer would be synthesized differently (and
-    // numbered anew): equal bytes mean the owner's own events came through Redis.
-    assert_eq!(follower.body, Bytes::from(owner_bytes));
-    completed(&follower);
-    assert_eq!(fleet.provider.calls(), 1);
+    completed(&relayed_live(&fleet, PATH, &body, 3).await);
 }
