@@ -301,6 +301,15 @@ pub async fn messages_gateway(adjust: impl FnOnce(&mut Config)) -> TestGateway {
     .await
 }
 
+/// [`messages_gateway`]'s pair of instances, sharing `redis`.
+async fn messages_fleet(redis: &RedisServer) -> Fleet {
+    Fleet::start(2, |config| {
+        config.redis = Some(redis_config(&redis.url()));
+        serve_messages(config);
+    })
+    .await
+}
+
 const MESSAGES: &str = "/v1/messages";
 const KEY: (&str, &str) = ("x-api-key", "sk-ant-caller");
 
@@ -731,11 +740,7 @@ async fn metrics_count_messages_tokens_cache_reads_and_writes_under_the_model() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(redis_config(&redis.url()));
-        serve_messages(config);
-    })
-    .await;
+    let fleet = messages_fleet(&redis).await;
     // The first instance's stream breaks: its readers get the error event, and
     // the flight's failure is recorded for the cluster.
     fleet.provider.set_truncate_streams(true);
@@ -756,11 +761,7 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(redis_config(&redis.url()));
-        serve_messages(config);
-    })
-    .await;
+    let fleet = messages_fleet(&redis).await;
     let body = streaming("relay this Messages stream to another instance");
     // The owner's call is held until a caller on each instance waits on it.
     fleet.provider.hold();

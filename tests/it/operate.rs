@@ -494,6 +494,16 @@ async fn without_admin_keys_the_reports_are_open_and_the_admin_api_is_off() {
     assert_eq!(gateway.get("/admin").await.status, StatusCode::NOT_FOUND);
 }
 
+/// A chat request on a task of its own; its status.
+fn spawn_chat(
+    client: &reqwest::Client,
+    url: &str,
+    content: &str,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let request = client.post(format!("{url}{PATH}")).json(&chat(content));
+    tokio::spawn(async move { request.send().await.unwrap().status() })
+}
+
 async fn ready(client: &reqwest::Client, url: &str) -> (StatusCode, Value) {
     let response = client.get(format!("{url}/readyz")).send().await.unwrap();
     (response.status(), response.json().await.unwrap())
@@ -516,19 +526,7 @@ async fn readyz_answers_503_from_the_start_of_shutdown_while_running_requests_co
     );
 
     provider.hold();
-    let running = {
-        let client = client.clone();
-        let url = url.clone();
-        tokio::spawn(async move {
-            client
-                .post(format!("{url}{PATH}"))
-                .json(&chat("running when shutdown begins"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let running = spawn_chat(&client, &url, "running when shutdown begins");
     assert!(provider.wait_for_calls(1, WAIT).await);
     stop.cancel();
     tokio::time::timeout(WAIT, async {
@@ -624,18 +622,7 @@ async fn the_binary_under_sigterm_is_unready_at_once_completes_its_request_and_e
     let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     assert_eq!(ready(&client, &corral.url).await.0, StatusCode::OK);
     provider.hold();
-    let running = {
-        let (client, url) = (client.clone(), corral.url.clone());
-        tokio::spawn(async move {
-            client
-                .post(format!("{url}{PATH}"))
-                .json(&chat("running at SIGTERM"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let running = spawn_chat(&client, &corral.url, "running at SIGTERM");
     assert!(provider.wait_for_calls(1, WAIT).await);
     corral.signal("TERM");
     corral.wait_for_log("/readyz answers 503").await;
