@@ -238,6 +238,21 @@ pub fn check_kinds(
     Ok(())
 }
 
+/// A conversation of no more than `limits.max_messages` messages.
+pub fn check_message_count(messages: &[Value], limits: InputLimits) -> Result<(), GatewayError> {
+    if messages.len() > limits.max_messages {
+        return Err(GatewayError::invalid_param(
+            "messages",
+            format!(
+                "`messages` has {} entries; the limit is {}",
+                messages.len(),
+                limits.max_messages
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Type and size checks on the parsed body.
 pub fn check_fields(
     endpoint: Endpoint,
@@ -246,15 +261,8 @@ pub fn check_fields(
 ) -> Result<(), GatewayError> {
     check_kinds(body, FIELD_KINDS)?;
     if let Some(Value::Array(messages)) = body.get("messages") {
-        if endpoint == Endpoint::ChatCompletions && messages.len() > limits.max_messages {
-            return Err(GatewayError::invalid_param(
-                "messages",
-                format!(
-                    "`messages` has {} entries; the limit is {}",
-                    messages.len(),
-                    limits.max_messages
-                ),
-            ));
+        if endpoint == Endpoint::ChatCompletions {
+            check_message_count(messages, limits)?;
         }
         for (index, message) in messages.iter().enumerate() {
             let Some(message) = message.as_object() else {

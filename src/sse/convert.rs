@@ -90,8 +90,8 @@ const HEADER_FIELDS: [&str; 5] = [
 /// Delta members that are replaced, not concatenated.
 const REPLACED_FIELDS: [&str; 4] = ["index", "type", "role", "id"];
 
-/// Longest piece of text (in characters) [`synthesize`] puts in one chunk.
-const PIECE_CHARS: usize = 64;
+/// Longest piece of text (in characters) one synthesized delta carries.
+pub const PIECE_CHARS: usize = 64;
 
 /// One choice while its deltas are merged.
 #[derive(Debug, Default)]
@@ -425,18 +425,20 @@ fn chat_deltas(message: &Map<String, Value>) -> Vec<Value> {
     deltas
 }
 
-/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries.
-fn pieces(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
+/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries:
+/// the deltas every API's synthesized stream carries its text in.
+pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
     let mut rest = text;
-    while !rest.is_empty() {
-        let cut = rest
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest
             .char_indices()
             .nth(PIECE_CHARS)
             .map_or(rest.len(), |(at, _)| at);
-        let (piece, tail) = rest.split_at(cut);
-        pieces.push(piece);
+        let (piece, tail) = rest.split_at(end);
         rest = tail;
-    }
-    pieces
+        Some(piece)
+    })
 }

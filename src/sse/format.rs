@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::usage::UsageFree;
-use super::{DONE_EVENT, data_event, done_event, error_event, event_json};
+use super::{DONE_EVENT, data_event, done_event, error_event, event_json, named_event};
 use crate::cache::Usage;
 
 /// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold
@@ -75,6 +75,28 @@ pub enum Frame {
     Skip,
     /// Not an event of this format: the stream is broken.
     Malformed(String),
+}
+
+/// One event of a named-event format (`event: <name>\ndata: <json object>`, Responses and
+/// Anthropic Messages): its type and the event in corral's framing ([`named_event`]). The data's
+/// own `type` names the event (the SDKs read it); the SSE name only stands in for it. `Err` is
+/// the [`Frame::Malformed`] of what is not such an event.
+pub fn read_named(name: Option<&str>, data: &str) -> Result<(String, Bytes), Frame> {
+    let object = match serde_json::from_str::<Value>(data) {
+        Ok(Value::Object(object)) => object,
+        Ok(_) => {
+            return Err(Frame::Malformed(
+                "event data is JSON but not an object".to_owned(),
+            ));
+        }
+        Err(error) => return Err(Frame::Malformed(format!("event data is not JSON: {error}"))),
+    };
+    let kind = match object.get("type").and_then(Value::as_str).or(name) {
+        Some(kind) => kind.to_owned(),
+        None => return Err(Frame::Malformed("an event without a type".to_owned())),
+    };
+    let event = named_event(&kind, &Value::Object(object));
+    Ok((kind, event))
 }
 
 /// OpenAI Chat Completions and Completions: `data: <json object>` events, `data: [DONE]` last,

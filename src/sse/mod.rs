@@ -33,12 +33,12 @@ mod usage;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-pub use convert::{ConvertError, assemble, synthesize};
-pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat};
+pub use convert::{ConvertError, PIECE_CHARS, assemble, pieces, synthesize};
+pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat, read_named};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until};
 pub use usage::{
-    CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, without_usage,
+    CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, force_stream, without_usage,
 };
 
 /// The event that ends every complete stream.
@@ -77,6 +77,18 @@ pub fn error_event(message: &str) -> Bytes {
 pub fn event_json(event: &[u8]) -> Option<&[u8]> {
     let json = event.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;
     (json != b"[DONE]").then_some(json)
+}
+
+/// `value` framed as one named SSE event, `event: <name>\ndata: <compact json>\n\n`: the
+/// framing of the formats whose events are named (Responses, Anthropic Messages).
+pub fn named_event(name: &str, value: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
+}
+
+/// The JSON value a named event in corral's framing ([`named_event`]) carries.
+pub fn named_event_value(event: &[u8]) -> Option<Value> {
+    let at = event.windows(7).position(|w| w == b"\ndata: ")?;
+    serde_json::from_slice(event[at + 7..].strip_suffix(b"\n\n")?).ok()
 }
 
 /// The JSON object an event in corral's framing carries, if it carries one.

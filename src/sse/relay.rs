@@ -177,28 +177,12 @@ where
             // A block with only `id:`/`retry:`/`event:` fields carries nothing to relay.
             continue;
         };
-        let (event, counts) = match format.read(sse.event.as_deref(), &data) {
-            Frame::Event { event, usage } => (event, usage),
+        // A completing frame's event (if any) is appended like any other, then the log is
+        // finished.
+        let (event, counts, completes) = match format.read(sse.event.as_deref(), &data) {
+            Frame::Event { event, usage } => (Some(event), usage, false),
             Frame::Skip => continue,
-            Frame::Complete { event, usage } => {
-                if usage.is_some() {
-                    *usage_out = usage;
-                }
-                if let Some(event) = event {
-                    match writer.append(event) {
-                        Ok(()) => {}
-                        Err(AppendError::Full { max_bytes }) => {
-                            return (
-                                RelayOutcome::Broken(BrokenStream::TooLarge { max_bytes }),
-                                None,
-                            );
-                        }
-                        Err(AppendError::Ended) => break BrokenStream::Abandoned,
-                    }
-                }
-                writer.finish();
-                return (RelayOutcome::Completed, None);
-            }
+            Frame::Complete { event, usage } => (event, usage, true),
             Frame::Failed(event) => {
                 return (
                     RelayOutcome::Broken(BrokenStream::UpstreamError),
@@ -210,17 +194,23 @@ where
         if counts.is_some() {
             *usage_out = counts;
         }
-        match writer.append(event) {
-            Ok(()) => {}
-            // The log failed itself with its own error event; nothing more to append.
-            Err(AppendError::Full { max_bytes }) => {
-                return (
-                    RelayOutcome::Broken(BrokenStream::TooLarge { max_bytes }),
-                    None,
-                );
+        if let Some(event) = event {
+            match writer.append(event) {
+                Ok(()) => {}
+                // The log failed itself with its own error event; nothing more to append.
+                Err(AppendError::Full { max_bytes }) => {
+                    return (
+                        RelayOutcome::Broken(BrokenStream::TooLarge { max_bytes }),
+                        None,
+                    );
+                }
+                // Only this relay ends the log, so it cannot have ended under it.
+                Err(AppendError::Ended) => break BrokenStream::Abandoned,
             }
-            // Only this relay ends the log, so it cannot have ended under it.
-            Err(AppendError::Ended) => break BrokenStream::Abandoned,
+        }
+        if completes {
+            writer.finish();
+            return (RelayOutcome::Completed, None);
         }
     };
     let event = writer.log().error_event(&broken.to_string());

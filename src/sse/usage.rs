@@ -47,6 +47,17 @@ pub struct UpstreamStreamRequest {
     pub caller_usage: CallerUsage,
 }
 
+/// The body to send upstream for a streamed flight of a format whose stream always carries
+/// usage (Responses, Anthropic Messages): the caller's body with only `stream: true` forced.
+pub fn force_stream(body: &Map<String, Value>) -> UpstreamStreamRequest {
+    let mut upstream = body.clone();
+    upstream.insert("stream".to_owned(), Value::Bool(true));
+    UpstreamStreamRequest {
+        body: Bytes::from(Value::Object(upstream).to_string()),
+        caller_usage: CallerUsage::Asked,
+    }
+}
+
 /// The body to send upstream for a streamed flight: the caller's body with `stream: true` and
 /// `stream_options.include_usage: true`, every other member (other stream options included)
 /// unchanged.

@@ -30,7 +30,10 @@ use crate::{
     config::Api,
     error::{ErrorShape, GatewayError},
     fingerprint::BodyKeying,
-    sse::{CallerUsage, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest},
+    sse::{
+        self, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
+        named_event_value as event_value, pieces, read_named,
+    },
     validate::{self, InputLimits, Kind},
 };
 
@@ -48,9 +51,6 @@ pub static MESSAGES_STREAM: MessagesStream = MessagesStream;
 
 /// The event that completes a stream.
 const MESSAGE_STOP: &str = "message_stop";
-
-/// Longest piece of text (in characters) one synthesized delta carries.
-const PIECE_CHARS: usize = 64;
 
 /// Fields of a Messages body whose type the API fixes. `null` passes (the SDKs'
 /// "not given"); the API itself refuses what it refuses.
@@ -119,16 +119,7 @@ impl Wire for MessagesWire {
                 "`messages` needs at least one message",
             ));
         }
-        if messages.len() > limits.max_messages {
-            return Err(GatewayError::invalid_param(
-                "messages",
-                format!(
-                    "`messages` has {} entries; the limit is {}",
-                    messages.len(),
-                    limits.max_messages
-                ),
-            ));
-        }
+        validate::check_message_count(messages, limits)?;
         for (index, message) in messages.iter().enumerate() {
             let invalid = |what: &str| {
                 Err(GatewayError::invalid_param(
@@ -174,12 +165,7 @@ impl Wire for MessagesWire {
     /// The stream always carries usage (`message_start`, `message_delta`):
     /// only `stream` is forced.
     fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
-        let mut upstream = body.clone();
-        upstream.insert("stream".to_owned(), Value::Bool(true));
-        UpstreamStreamRequest {
-            body: Bytes::from(Value::Object(upstream).to_string()),
-            caller_usage: CallerUsage::Asked,
-        }
+        sse::force_stream(body)
     }
 
     fn assemble(&self, events: &[Bytes]) -> Result<Value, ConvertError> {
@@ -202,17 +188,10 @@ impl Wire for MessagesWire {
 
 impl StreamFormat for MessagesStream {
     fn read(&self, name: Option<&str>, data: &str) -> Frame {
-        let object = match serde_json::from_str::<Value>(data) {
-            Ok(Value::Object(object)) => object,
-            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
-            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        let (kind, event) = match read_named(name, data) {
+            Ok(read) => read,
+            Err(malformed) => return malformed,
         };
-        // The data's own `type` names the event (the SDK reads it); the SSE name stands in.
-        let kind = match object.get("type").and_then(Value::as_str).or(name) {
-            Some(kind) => kind.to_owned(),
-            None => return Frame::Malformed("an event without a type".to_owned()),
-        };
-        let event = named_event(&kind, &Value::Object(object));
         match kind.as_str() {
             MESSAGE_STOP => Frame::Complete {
                 event: Some(event),
@@ -286,21 +265,6 @@ fn overlay(into: &mut Map<String, Value>, from: &Map<String, Value>) {
             into.insert(name.clone(), value.clone());
         }
     }
-}
-
-/// `value` framed as one named SSE event: `event: <name>\ndata: <compact json>\n\n`.
-fn named_event(name: &str, value: &Value) -> Bytes {
-    Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
-}
-
-/// The JSON text of an event in corral's framing.
-fn event_data(event: &[u8]) -> Option<&[u8]> {
-    let at = event.windows(7).position(|w| w == b"\ndata: ")?;
-    event[at + 7..].strip_suffix(b"\n\n")
-}
-
-fn event_value(event: &[u8]) -> Option<Value> {
-    serde_json::from_slice(event_data(event)?).ok()
 }
 
 /// The `message` a complete stream amounts to, accumulated as the SDK's
@@ -600,23 +564,6 @@ fn synthesize_block(
 fn push(events: &mut Vec<Bytes>, event: Value) {
     let kind = event["type"].as_str().unwrap_or("message").to_owned();
     events.push(named_event(&kind, &event));
-}
-
-/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries.
-fn pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let end = rest
-            .char_indices()
-            .nth(PIECE_CHARS)
-            .map_or(rest.len(), |(at, _)| at);
-        let (piece, tail) = rest.split_at(end);
-        rest = tail;
-        Some(piece)
-    })
 }
 
 #[cfg(test)]

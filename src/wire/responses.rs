@@ -28,7 +28,10 @@ use crate::{
     cache::Usage,
     error::GatewayError,
     fingerprint::{BodyKeying, Endpoint},
-    sse::{CallerUsage, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest},
+    sse::{
+        self, BROKEN_STREAM_CODE, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest,
+        named_event, named_event_value as event_value, pieces, read_named,
+    },
     validate::{self, InputLimits, Kind},
 };
 
@@ -44,14 +47,8 @@ pub struct ResponsesStream;
 
 pub static RESPONSES_STREAM: ResponsesStream = ResponsesStream;
 
-/// `error.code` of the error event a reader of a broken stream receives last.
-const BROKEN_STREAM_CODE: &str = "upstream_stream_broken";
-
 /// The event that completes a stream.
 const COMPLETED: &str = "response.completed";
-
-/// Longest piece of text (in characters) one synthesized delta carries.
-const PIECE_CHARS: usize = 64;
 
 /// Fields of a Responses body whose type the API fixes, beyond the common ones.
 const FIELD_KINDS: &[(&str, Kind)] = &[
@@ -106,12 +103,7 @@ impl Wire for ResponsesWire {
 
     /// The stream always carries usage (in `response.completed`): only `stream` is forced.
     fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
-        let mut upstream = body.clone();
-        upstream.insert("stream".to_owned(), Value::Bool(true));
-        UpstreamStreamRequest {
-            body: Bytes::from(Value::Object(upstream).to_string()),
-            caller_usage: CallerUsage::Asked,
-        }
+        sse::force_stream(body)
     }
 
     /// The `response` of the stream's `response.completed`.
@@ -152,17 +144,10 @@ impl Wire for ResponsesWire {
 
 impl StreamFormat for ResponsesStream {
     fn read(&self, name: Option<&str>, data: &str) -> Frame {
-        let object = match serde_json::from_str::<Value>(data) {
-            Ok(Value::Object(object)) => object,
-            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
-            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        let (kind, event) = match read_named(name, data) {
+            Ok(read) => read,
+            Err(malformed) => return malformed,
         };
-        // The data's own `type` names the event; the SSE name only stands in for it.
-        let kind = match object.get("type").and_then(Value::as_str).or(name) {
-            Some(kind) => kind.to_owned(),
-            None => return Frame::Malformed("an event without a type".to_owned()),
-        };
-        let event = named_event(&kind, &Value::Object(object));
         match kind.as_str() {
             COMPLETED => {
                 let usage = self.event_usage(&event);
@@ -204,24 +189,9 @@ impl StreamFormat for ResponsesStream {
     }
 }
 
-/// `value` framed as one named SSE event: `event: <name>\ndata: <compact json>\n\n`.
-fn named_event(name: &str, value: &Value) -> Bytes {
-    Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
-}
-
-/// The JSON text of an event in corral's framing.
-fn event_data(event: &[u8]) -> Option<&[u8]> {
-    let at = event.windows(7).position(|w| w == b"\ndata: ")?;
-    event[at + 7..].strip_suffix(b"\n\n")
-}
-
-fn event_value(event: &[u8]) -> Option<Value> {
-    serde_json::from_slice(event_data(event)?).ok()
-}
-
 /// A valid event sequence equivalent to a `response` object: created, in progress, per
 /// output item its added event, content parts (text and refusals as deltas of at most
-/// [`PIECE_CHARS`] characters, function call arguments as one delta) and done event, then
+/// [`PIECE_CHARS`](sse::PIECE_CHARS) characters, function call arguments as one delta) and done event, then
 /// `response.completed` with the object itself. Every event is numbered from 0.
 fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
     let object = response
@@ -396,22 +366,6 @@ impl Events {
         }
         self.events.push(named_event(kind, &value));
     }
-}
-
-/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries.
-fn pieces(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
-    let mut rest = text;
-    while !rest.is_empty() {
-        let cut = rest
-            .char_indices()
-            .nth(PIECE_CHARS)
-            .map_or(rest.len(), |(at, _)| at);
-        let (piece, tail) = rest.split_at(cut);
-        pieces.push(piece);
-        rest = tail;
-    }
-    pieces
 }
 
 #[cfg(test)]

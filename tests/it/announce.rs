@@ -10,7 +10,7 @@ use corral::{cluster::AnnounceCounts, config::RedisConfig};
 use reqwest::StatusCode;
 
 use crate::{
-    cluster::redis_config,
+    cluster::{cluster_config, redis_config},
     harness::{Fleet, TestGateway, WAIT, chat},
     redis_server::{RedisCluster, RedisServer},
 };
@@ -71,15 +71,9 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
 
     fleet.provider.hold();
     let body = chat(&format!("{label}: followed from B"));
-    let owner = {
-        let (handle, body) = (a.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let owner = a.spawn_post(PATH, &body);
     a.wait_for_calls(6).await;
-    let follower = {
-        let (handle, body) = (b.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let follower = b.spawn_post(PATH, &body);
     // B's follower registered its interest, Redis confirmed the subscription,
     // and the follower read the record (not there yet) and waits.
     wait_for_channels(b, 1).await;
@@ -115,21 +109,22 @@ async fn b_hears_only_what_it_follows(fleet: &Fleet, label: &str) {
     assert_eq!(counts(b).unsubscribes, 1);
 }
 
+/// Two instances on `redis` whose followers' backstop poll is [`POLL`].
+async fn pair(redis: RedisConfig) -> Fleet {
+    Fleet::start(2, move |config| {
+        config.redis = Some(RedisConfig {
+            poll_interval: POLL,
+            ..redis.clone()
+        });
+    })
+    .await
+}
+
 /// `calls=` of each command in `INFO commandstats`, summed over `nodes`.
 async fn command_calls(nodes: &[&RedisServer], command: &str) -> u64 {
     let mut total = 0;
     for node in nodes {
-        let mut conn = node.client().await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += info
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0);
+        total += node.command_calls(command).await;
     }
     total
 }
@@ -137,13 +132,7 @@ async fn command_calls(nodes: &[&RedisServer], command: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_hears_only_the_flights_its_followers_wait_on() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            poll_interval: POLL,
-            ..redis_config(&redis.url())
-        });
-    })
-    .await;
+    let fleet = pair(redis_config(&redis.url())).await;
     b_hears_only_what_it_follows(&fleet, "single").await;
 
     // Redis counted the same: six plain publishes, one subscription made and
@@ -164,16 +153,7 @@ async fn an_instance_hears_only_the_flights_its_followers_wait_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_cluster_announces_on_sharded_channels() {
     let cluster = RedisCluster::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            url: None,
-            nodes: cluster.urls(),
-            cluster: true,
-            poll_interval: POLL,
-            ..redis_config("redis://unused")
-        });
-    })
-    .await;
+    let fleet = pair(cluster_config(&cluster)).await;
     b_hears_only_what_it_follows(&fleet, "sharded").await;
 
     let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
@@ -194,37 +174,18 @@ async fn a_redis_cluster_announces_on_sharded_channels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resubscription_wakes_the_followers_of_a_lost_channel() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(RedisConfig {
-            poll_interval: POLL,
-            ..redis_config(&redis.url())
-        });
-    })
-    .await;
+    let fleet = pair(redis_config(&redis.url())).await;
     let (a, b) = (&fleet.instances[0], &fleet.instances[1]);
     fleet.provider.hold();
     let body = chat("resubscribed");
-    let owner = {
-        let (handle, body) = (a.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let owner = a.spawn_post(PATH, &body);
     a.wait_for_calls(1).await;
-    let follower = {
-        let (handle, body) = (b.clone_handle(), body.clone());
-        tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-    };
+    let follower = b.spawn_post(PATH, &body);
     wait_for_channels(b, 1).await;
     wait_for_parked_follower(b).await;
     // B's subscriber is the only pub/sub client; the owner finishes while it
     // is gone, so its announcement reaches nobody.
-    let mut conn = redis.client().await;
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let killed = redis.kill_pubsub_clients().await;
     assert_eq!(killed, 1);
     fleet.provider.release();
     let owner = owner.await.unwrap();

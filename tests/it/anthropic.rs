@@ -21,8 +21,8 @@ use serde_json::{Value, json};
 
 use crate::{
     cluster::redis_config,
-    harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status},
-    metrics::{scrape, sum},
+    harness::{Fleet, Reply, TestGateway, WAIT, chat, count_status, named_events, streamed},
+    metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
 };
 
@@ -42,12 +42,29 @@ pub async fn anthropic_mock(models: &[&str]) -> MockProvider {
 /// Adds `provider` as an `api: anthropic` upstream serving `claude-*`, after
 /// the catch-all OpenAI one (which must not shadow it).
 pub fn add_anthropic(config: &mut Config, provider: &MockProvider) {
+    serve_messages(config);
+    config.upstreams.last_mut().expect("just added").base_url = provider.base_url();
+}
+
+/// Adds an `api: anthropic` upstream serving `claude-*` on the first upstream's
+/// provider, after the catch-all OpenAI one (which must not shadow it).
+fn serve_messages(config: &mut Config) {
     let mut anthropic = config.upstreams[0].clone();
     anthropic.name = "anthropic".into();
     anthropic.api = Api::Anthropic;
-    anthropic.base_url = provider.base_url();
     anthropic.models = vec!["claude-*".into()];
     config.upstreams.push(anthropic);
+}
+
+/// Anthropic's 529 `overloaded_error`, asking to be retried after `retry_after` seconds.
+pub fn overloaded(retry_after: &str) -> Scripted {
+    Scripted {
+        status: 529,
+        headers: vec![("retry-after".into(), retry_after.into())],
+        body:
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+                .to_string(),
+    }
 }
 
 pub fn count_body() -> Value {
@@ -226,13 +243,7 @@ async fn a_gateway_key_passes_in_either_header_and_corrals_own_key_goes_upstream
 async fn an_overloaded_anthropic_upstream_is_retried_after_its_retry_after() {
     let anthropic = anthropic_mock(&[MODEL]).await;
     let gateway = TestGateway::start(|config| add_anthropic(config, &anthropic)).await;
-    anthropic.push_script(Scripted {
-        status: 529,
-        headers: vec![("retry-after".into(), "0.3".into())],
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    });
+    anthropic.push_script(overloaded("0.3"));
     let reply = gateway
         .post_with(
             "/v1/messages/count_tokens",
@@ -284,12 +295,17 @@ async fn the_model_list_includes_the_anthropic_upstreams_models() {
 /// herds and call counts cover Messages.
 pub async fn messages_gateway(adjust: impl FnOnce(&mut Config)) -> TestGateway {
     TestGateway::start(|config| {
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
+        serve_messages(config);
         adjust(config);
+    })
+    .await
+}
+
+/// [`messages_gateway`]'s pair of instances, sharing `redis`.
+async fn messages_fleet(redis: &RedisServer) -> Fleet {
+    Fleet::start(2, |config| {
+        config.redis = Some(redis_config(&redis.url()));
+        serve_messages(config);
     })
     .await
 }
@@ -309,32 +325,13 @@ fn message(text: &str) -> Value {
 }
 
 fn streaming(text: &str) -> Value {
-    let mut body = message(text);
-    body["stream"] = json!(true);
-    body
-}
-
-/// `(event name, data)` of an Anthropic SSE body, checking the framing.
-fn events(body: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("UTF-8");
-    assert!(text.ends_with("\n\n"), "{text}");
-    text.split_terminator("\n\n")
-        .map(|frame| {
-            let (name, data) = frame
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not an event/data pair: {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("JSON data");
-            assert_eq!(data["type"], name, "{frame}");
-            (name.to_owned(), data)
-        })
-        .collect()
+    streamed(message(text))
 }
 
 /// The message a stream amounts to, accumulated as the SDK's `accumulate_event` does.
 fn accumulated(reply: &Reply) -> Value {
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    let events = events(&reply.body);
+    let events = named_events(&reply.body);
     assert_eq!(
         events.last().map(|(name, _)| name.as_str()),
         Some("message_stop")
@@ -397,49 +394,34 @@ async fn a_herd_of_messages_is_one_call_and_a_repeat_is_a_hit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_plain_callers_share_one_call() {
     let gateway = messages_gateway(|_| {}).await;
-    gateway.provider.hold();
-    let handle = gateway.clone_handle();
-    let spawn = |i: usize| {
-        let handle = handle.clone();
-        let body = if i % 2 == 0 {
-            streaming("mixed callers")
-        } else {
-            message("mixed callers")
-        };
-        tokio::spawn(async move { (i % 2 == 0, handle.post_with(MESSAGES, &body, &[KEY]).await) })
-    };
     // A streaming caller owns the flight, so the upstream call streams and the
     // plain callers get the message its events amount to.
-    let mut tasks = vec![spawn(0)];
-    gateway.wait_for_waiters(1).await;
-    tasks.extend((1..60).map(spawn));
-    gateway.wait_for_waiters(60).await;
-    gateway.provider.release();
-    let (mut streamed, mut plain, mut bodies) = (HashSet::new(), HashSet::new(), HashSet::new());
-    for task in tasks {
-        let (is_stream, reply) = task.await.unwrap();
-        if is_stream {
-            bodies.insert(reply.body.clone());
-            streamed.insert(accumulated(&reply).to_string());
-        } else {
+    let (stream_replies, plain_replies) = gateway
+        .mixed_herd(
+            MESSAGES,
+            &streaming("mixed callers"),
+            &message("mixed callers"),
+            60,
+            &[KEY],
+        )
+        .await;
+    let streamed: HashSet<String> = stream_replies
+        .iter()
+        .map(|reply| accumulated(reply).to_string())
+        .collect();
+    let plain: HashSet<String> = plain_replies
+        .iter()
+        .map(|reply| {
             assert_eq!(reply.status, StatusCode::OK);
-            plain.insert(reply.json().to_string());
-        }
-    }
-    assert_eq!(
-        gateway.provider.calls(),
-        1,
-        "one upstream call for both kinds"
-    );
-    assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+            reply.json().to_string()
+        })
+        .collect();
     assert_eq!(
         streamed, plain,
         "a plain caller gets what the stream accumulates to"
     );
-    let sent = gateway.provider.requests()[0].json().unwrap();
-    assert_eq!(sent["stream"], true, "the shared call streams");
     // The live stream relays the provider's ping.
-    let live = events(bodies.iter().next().unwrap());
+    let live = named_events(&stream_replies[0].body);
     assert!(live.iter().any(|(name, _)| name == "ping"));
 
     // Both kinds of repeat are served from the cache; the stream is synthesized.
@@ -584,33 +566,22 @@ async fn a_cut_stream_fails_every_reader_in_anthropics_shape_and_is_not_cached()
     let replies = gateway.herd(MESSAGES, &body, 20, &[KEY]).await;
     let bodies: HashSet<&Bytes> = replies.iter().map(|r| &r.body).collect();
     assert_eq!(bodies.len(), 1, "every reader got the same events");
-    let events = events(&replies[0].body);
+    let events = named_events(&replies[0].body);
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error");
     assert_eq!(error["error"]["type"], "api_error");
     assert!(error["error"]["message"].is_string());
     assert!(events.iter().all(|(name, _)| name != "message_stop"));
-    assert_eq!(gateway.provider.calls(), 1);
-    gateway.wait_idle().await;
-    gateway.provider.set_truncate_streams(false);
     let next = gateway
-        .post_with(MESSAGES, &message("this stream will break"), &[KEY])
+        .post_after_a_cut(MESSAGES, &message("this stream will break"), &[KEY])
         .await;
-    assert_eq!(next.cache(), "MISS", "nothing was cached");
     assert_eq!(next.json()["stop_reason"], "end_turn");
-    assert_eq!(gateway.provider.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_retried_and_a_lasting_one_relayed_as_anthropic_sent_it() {
     let gateway = messages_gateway(|_| {}).await;
-    gateway.provider.push_script(Scripted {
-        status: 529,
-        headers: vec![("retry-after".into(), "0.2".into())],
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    });
+    gateway.provider.push_script(overloaded("0.2"));
     let reply = gateway.post_with(MESSAGES, &message("busy?"), &[KEY]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(gateway.provider.calls(), 2, "the 529 and its retry");
@@ -745,13 +716,7 @@ async fn metrics_count_messages_tokens_cache_reads_and_writes_under_the_model() 
     let m = scrape(&gateway).await;
     let model = ("model", MODEL);
     assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 10.0);
-    let tokens = |kind, source| {
-        sum(
-            &m,
-            "corral_tokens_total",
-            &[model, ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| model_tokens(&m, MODEL, kind, source);
     for (kind, n) in [
         ("input", input),
         ("cached_input", read),
@@ -769,38 +734,20 @@ async fn metrics_count_messages_tokens_cache_reads_and_writes_under_the_model() 
         "{saved} != {}",
         10.0 * one
     );
-    let requests = |cache| {
-        sum(
-            &m,
-            "corral_requests_total",
-            &[("endpoint", "messages"), ("cache", cache)],
-        )
-    };
-    assert_eq!(
-        (requests("MISS"), requests("COALESCED"), requests("HIT")),
-        (1.0, 9.0, 1.0)
-    );
+    assert_eq!(requests_by_cache(&m, "messages"), (1.0, 9.0, 1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(redis_config(&redis.url()));
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
-    })
-    .await;
+    let fleet = messages_fleet(&redis).await;
     // The first instance's stream breaks: its readers get the error event, and
     // the flight's failure is recorded for the cluster.
     fleet.provider.set_truncate_streams(true);
     let first = fleet.instances[0]
         .post_with(MESSAGES, &streaming("a failing flight"), &[KEY])
         .await;
-    assert_eq!(events(&first.body).last().unwrap().0, "error");
+    assert_eq!(named_events(&first.body).last().unwrap().0, "error");
     fleet.instances[0].wait_idle().await;
     // The second instance answers from that record, without a call, in Anthropic's shape.
     let second = fleet.instances[1]
@@ -814,15 +761,7 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
-    let fleet = Fleet::start(2, |config| {
-        config.redis = Some(redis_config(&redis.url()));
-        let mut anthropic = config.upstreams[0].clone();
-        anthropic.name = "anthropic".into();
-        anthropic.api = Api::Anthropic;
-        anthropic.models = vec!["claude-*".into()];
-        config.upstreams.push(anthropic);
-    })
-    .await;
+    let fleet = messages_fleet(&redis).await;
     let body = streaming("relay this Messages stream to another instance");
     // The owner's call is held until a caller on each instance waits on it.
     fleet.provider.hold();
@@ -863,7 +802,7 @@ async fn a_messages_stream_is_shared_live_across_instances() {
     // The provider's own events (its ping included; a synthesized replay has
     // none) reached the other instance byte for byte, through Redis.
     assert_eq!(replies[0].body, replies[1].body);
-    let events = events(&replies[1].body);
+    let events = named_events(&replies[1].body);
     assert!(events.iter().any(|(name, _)| name == "ping"));
     assert_eq!(events.last().unwrap().0, "message_stop");
 }

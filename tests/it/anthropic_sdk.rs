@@ -10,10 +10,12 @@
 use std::time::Duration;
 
 use corral::{auth::key_hash, config::Secret};
-use mock_upstream::Scripted;
 use serde_json::{Value, json};
 
-use crate::{anthropic::messages_gateway, sdk::Python};
+use crate::{
+    anthropic::{messages_gateway, overloaded},
+    sdk::{Python, assert_repeat_after_stream_served},
+};
 
 /// Runs one phase of the script against `url`; its results, checked for failures.
 async fn phase(url: &str, phase: &str) -> (Value, String) {
@@ -41,11 +43,7 @@ async fn the_anthropic_python_sdk_is_deduplicated_through_corral() {
     };
 
     // 100 identical `messages.create`: one upstream call, then a HIT.
-    gateway.provider.hold();
-    let herd = spawn("herd");
-    gateway.wait_for_waiters(100).await;
-    gateway.provider.release();
-    let (results, context) = herd.await.unwrap();
+    let (results, context) = gateway.held_for_waiters(100, || spawn("herd")).await;
     assert_eq!(results["herd_misses"], 1, "{context}");
     assert_eq!(results["herd_texts"], 1, "{context}");
     assert_eq!(results["herd_ids"], 1, "{context}");
@@ -66,11 +64,7 @@ async fn the_anthropic_python_sdk_is_deduplicated_through_corral() {
 
     // 100 identical `messages.stream`: one upstream stream, every caller's
     // events and final message equal; the non-stream repeat equals it.
-    gateway.provider.hold();
-    let streams = spawn("stream");
-    gateway.wait_for_waiters(100).await;
-    gateway.provider.release();
-    let (results, context) = streams.await.unwrap();
+    let (results, context) = gateway.held_for_waiters(100, || spawn("stream")).await;
     assert_eq!(results["stream_finals"], 1, "{context}");
     assert_eq!(results["stream_sequences"], 1, "{context}");
     assert_eq!(results["stream_misses"], 1, "{context}");
@@ -82,13 +76,7 @@ async fn the_anthropic_python_sdk_is_deduplicated_through_corral() {
     assert_eq!(results["final_equals_plain"], true, "{context}");
     // The repeat comes right after the last event: from the cache, or from
     // the flight still storing what it streamed. No call either way.
-    assert!(
-        matches!(
-            results["after_stream_cache"].as_str(),
-            Some("HIT" | "COALESCED")
-        ),
-        "{context}"
-    );
+    assert_repeat_after_stream_served(&results, &context);
     assert_eq!(gateway.provider.calls(), 2, "{context}");
     assert_eq!(
         gateway.provider.requests()[1].json().unwrap()["stream"],
@@ -114,13 +102,7 @@ async fn the_anthropic_python_sdk_is_deduplicated_through_corral() {
     assert_eq!(gateway.provider.calls(), 5, "{context}");
 
     // A 529 with Retry-After, retried by corral: the SDK (no retries) gets the answer.
-    gateway.provider.push_script(Scripted {
-        status: 529,
-        headers: vec![("retry-after".into(), "0.2".into())],
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    });
+    gateway.provider.push_script(overloaded("0.2"));
     let (_, context) = phase(&url, "overload").await;
     let requests = gateway.provider.requests();
     assert_eq!(requests.len(), 7, "the 529 and its retry; {context}");

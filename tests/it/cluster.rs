@@ -38,6 +38,16 @@ pub(crate) fn redis_config(url: &str) -> RedisConfig {
     }
 }
 
+/// [`redis_config`] for a Redis Cluster: its nodes instead of one URL.
+pub(crate) fn cluster_config(cluster: &RedisCluster) -> RedisConfig {
+    RedisConfig {
+        url: None,
+        nodes: cluster.urls(),
+        cluster: true,
+        ..redis_config("redis://unused")
+    }
+}
+
 fn assert_one_answer(replies: &[crate::harness::Reply]) {
     assert!(
         replies.iter().all(|r| r.status == StatusCode::OK),
@@ -415,28 +425,11 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     // Announcements lost: every subscriber connection is killed mid-wait.
     fleet.provider.hold();
     let body = chat("lost announcement");
-    let owner_task = fleet.instances[0].clone_handle();
-    let owner_request = {
-        let body = body.clone();
-        tokio::spawn(async move { owner_task.post_with(PATH, &body, &[]).await })
-    };
+    let owner_request = fleet.instances[0].spawn_post(PATH, &body);
     owner.wait_for_calls(1).await;
-    let followers: Vec<_> = (0..5)
-        .map(|_| {
-            let handle = follower.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
-        .collect();
+    let followers: Vec<_> = (0..5).map(|_| follower.spawn_post(PATH, &body)).collect();
     follower.wait_for_waiters(5).await;
-    let mut conn = redis.client().await;
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    redis.kill_pubsub_clients().await;
     fleet.provider.release();
     let released = Instant::now();
     let mut replies = collect(followers).await;
@@ -454,19 +447,9 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
     // Redis restarted empty: the lock and the record are gone mid-wait.
     fleet.provider.hold();
     let body = chat("redis restarts");
-    let owner_task = fleet.instances[0].clone_handle();
-    let owner_request = {
-        let body = body.clone();
-        tokio::spawn(async move { owner_task.post_with(PATH, &body, &[]).await })
-    };
+    let owner_request = fleet.instances[0].spawn_post(PATH, &body);
     owner.wait_for_calls(2).await;
-    let followers: Vec<_> = (0..5)
-        .map(|_| {
-            let handle = follower.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
-        .collect();
+    let followers: Vec<_> = (0..5).map(|_| follower.spawn_post(PATH, &body)).collect();
     follower.wait_for_waiters(5).await;
     redis.restart().await;
     // At most one extra call: a follower takes over the vanished lock.
@@ -482,20 +465,6 @@ async fn followers_finish_when_the_subscriber_is_killed_or_redis_restarts_empty(
         fleet.provider.calls() <= 3,
         "at most one extra call, took over: {took_over}"
     );
-}
-
-/// `calls=` of one command in Redis's `INFO commandstats`.
-async fn command_calls(redis: &RedisServer, command: &str) -> u64 {
-    let mut conn = redis.client().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// In a stampede every caller of an instance misses its L1 at once; they
@@ -519,7 +488,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         TestGateway::start_shared(fleet.provider.clone(), fleet.clock.clone(), patient).await;
     reader.wait_connected().await;
     let cluster = reader.state.cluster.clone().expect("redis is configured");
-    let gets_before = command_calls(&redis, "get").await;
+    let gets_before = redis.command_calls("get").await;
 
     // Redis answers nobody for a while: every caller that arrives meanwhile
     // either sends its own GET (and waits) or joins the one in progress.
@@ -532,11 +501,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         .await
         .unwrap();
     let tasks: Vec<_> = (0..CALLERS)
-        .map(|_| {
-            let handle = reader.clone_handle();
-            let body = body.clone();
-            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
-        })
+        .map(|_| reader.spawn_post(PATH, &body))
         .collect();
     let replies = collect(tasks).await;
 
@@ -546,7 +511,7 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
         "all served from Redis"
     );
     assert_eq!(fleet.provider.calls(), 1, "no second upstream call");
-    let gets = command_calls(&redis, "get").await - gets_before;
+    let gets = redis.command_calls("get").await - gets_before;
     assert!(
         gets <= 2,
         "{CALLERS} callers sent {gets} GETs ({} joined a read in progress)",
@@ -654,15 +619,7 @@ async fn corral_starts_and_serves_with_redis_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_master_redis_cluster_dedups_across_four_instances() {
     let cluster = RedisCluster::spawn().await;
-    let fleet = Fleet::start(4, |config| {
-        config.redis = Some(RedisConfig {
-            url: None,
-            nodes: cluster.urls(),
-            cluster: true,
-            ..redis_config("redis://unused")
-        });
-    })
-    .await;
+    let fleet = Fleet::start(4, |config| config.redis = Some(cluster_config(&cluster))).await;
     for round in 1..=3u64 {
         let replies = fleet
             .herd(PATH, &chat(&format!("cluster mode {round}")), 1000)

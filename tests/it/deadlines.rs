@@ -27,16 +27,14 @@ use tokio::{
 };
 
 use crate::{
-    harness::{TestGateway, WAIT, chat},
+    harness::{TestGateway, WAIT, chat, redis_at, streamed},
     redis_server::RedisServer,
 };
 
 const PATH: &str = "/v1/chat/completions";
 
 fn streaming(content: &str) -> Value {
-    let mut body = chat(content);
-    body["stream"] = json!(true);
-    body
+    streamed(chat(content))
 }
 
 /// A provider (OpenAI's wire format) for what the shipped mock does not do:
@@ -334,11 +332,7 @@ async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_l
     let gateway = TestGateway::start_with(provider, |config| {
         config.upstreams[0].request_timeout = total;
         config.coalesce.stream_stall_timeout = Duration::from_secs(60);
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
+        config.redis = Some(redis_at(&redis.url()));
     })
     .await;
     gateway.wait_connected().await;
@@ -560,21 +554,13 @@ async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_inter
     let fleet = crate::harness::Fleet::start_with(provider, 2, |config| {
         config.coalesce.stream_stall_timeout = Duration::from_secs(120);
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             poll_interval,
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;
     let body = streaming("the owner finishes; the remote follower must not wait for a stall");
-    let mut owner = fleet.instances[0]
-        .client
-        .post(format!("{}{PATH}", fleet.instances[0].url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut owner = fleet.instances[0].open(PATH, &body).await;
     let so_far = first_event(&mut owner).await;
     let follower = {
         let (client, url, body) = (
@@ -633,10 +619,8 @@ async fn a_remote_streaming_follower_whose_owner_dies_mid_stream_ends_long_befor
     let follower_gateway = TestGateway::start_with(provider.clone(), |config| {
         config.coalesce.stream_stall_timeout = stall;
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             lock_ttl: Duration::from_secs(1),
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;

@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use corral::{AppState, Config, clock::ManualClock};
+use corral::{AppState, Config, clock::ManualClock, config::RedisConfig};
 use mock_upstream::{MockProvider, MockSettings};
 use reqwest::{StatusCode, header::HeaderMap};
 use serde_json::{Value, json};
@@ -222,6 +222,106 @@ impl TestGateway {
         replies
     }
 
+    /// Holds the provider, starts `callers`, and releases it once `n` callers wait on the
+    /// held flight: they all arrive while one call is under way. Returns what `callers` return.
+    pub async fn held_for_waiters<T: Send + 'static>(
+        &self,
+        n: usize,
+        callers: impl FnOnce() -> tokio::task::JoinHandle<T>,
+    ) -> T {
+        self.provider.hold();
+        let task = callers();
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        task.await.expect("callers' task")
+    }
+
+    /// After one upstream stream was cut (the provider truncating streams): once the flight is
+    /// over and the provider streams whole again, `body` is a MISS, the second upstream call,
+    /// since nothing of the cut stream was cached. Returns that reply.
+    pub async fn post_after_a_cut(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        assert_eq!(self.provider.calls(), 1);
+        self.wait_idle().await;
+        self.provider.set_truncate_streams(false);
+        let next = self.post_with(path, body, headers).await;
+        assert_eq!(next.cache(), "MISS", "nothing was cached");
+        assert_eq!(self.provider.calls(), 2);
+        next
+    }
+
+    /// A herd of both kinds on a held provider: a caller of `stream_body` waits first, so the
+    /// flight (and its upstream call) streams; then callers alternate between `plain_body` and
+    /// `stream_body` up to `n` in all, and the provider is released once all `n` wait.
+    /// Checks that one upstream call, a streamed one, served both kinds, and that every
+    /// stream caller got the same bytes. Returns the stream callers' replies and the plain
+    /// callers'.
+    pub async fn mixed_herd(
+        &self,
+        path: &str,
+        stream_body: &Value,
+        plain_body: &Value,
+        n: usize,
+        headers: &[(&str, &str)],
+    ) -> (Vec<Reply>, Vec<Reply>) {
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        let spawn = |i: usize| {
+            let (handle, path, headers) = (self.clone_handle(), path.to_owned(), headers.clone());
+            let is_stream = i % 2 == 0;
+            let body = if is_stream { stream_body } else { plain_body }.clone();
+            tokio::spawn(async move {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str()))
+                    .collect();
+                (is_stream, handle.post_with(&path, &body, &headers).await)
+            })
+        };
+        self.provider.hold();
+        let mut tasks = vec![spawn(0)];
+        self.wait_for_waiters(1).await;
+        tasks.extend((1..n).map(spawn));
+        self.wait_for_waiters(n).await;
+        self.provider.release();
+        let (mut streamed, mut plain) = (Vec::new(), Vec::new());
+        for task in tasks {
+            match task.await.expect("request task") {
+                (true, reply) => streamed.push(reply),
+                (false, reply) => plain.push(reply),
+            }
+        }
+        assert_eq!(self.provider.calls(), 1, "one upstream call for both kinds");
+        let bodies: std::collections::HashSet<&Bytes> =
+            streamed.iter().map(|reply| &reply.body).collect();
+        assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+        let sent = self.provider.requests()[0].json().unwrap();
+        assert_eq!(sent["stream"], true, "the shared call streams");
+        (streamed, plain)
+    }
+
+    /// `post` on a task of its own, for callers that must wait together.
+    pub fn spawn_post(&self, path: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
+        let (handle, body, path) = (self.clone_handle(), body.clone(), path.to_owned());
+        tokio::spawn(async move { handle.post_with(&path, &body, &[]).await })
+    }
+
+    /// A POST whose (streamed) body the test reads as it arrives.
+    pub async fn open(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .expect("request reaches corral")
+    }
+
     /// A cheap handle for concurrent tasks: shares the client and address.
     pub fn clone_handle(&self) -> Handle {
         Handle {
@@ -379,12 +479,157 @@ pub fn chat(content: &str) -> Value {
     })
 }
 
+/// `body` asking for a stream.
+pub fn streamed(mut body: Value) -> Value {
+    body["stream"] = json!(true);
+    body
+}
+
 pub fn embedding(input: &str) -> Value {
     json!({"model": "text-embedding-3-small", "input": input})
 }
 
 pub fn completion(prompt: &str) -> Value {
     json!({"model": "gpt-3.5-turbo-instruct", "temperature": 0, "prompt": prompt})
+}
+
+/// corral in-process with a shutdown switch the test holds: its URL, state, the switch, and
+/// the server task (which ends once the switch is flipped and the drain is over).
+pub async fn start_switchable(
+    provider: &MockProvider,
+    adjust: impl FnOnce(&mut Config),
+) -> (
+    String,
+    Arc<AppState>,
+    CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let mut config = Config::for_tests(&provider.base_url());
+    adjust(&mut config);
+    config.validate().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let state = Arc::new(AppState::build(config).unwrap());
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(corral::serve(
+        listener,
+        state.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    (url, state, stop, server)
+}
+
+/// Redis at `url` for a test: a 2 s bound on each operation (far above a healthy round trip on a
+/// loaded machine, still finite).
+pub fn redis_at(url: &str) -> RedisConfig {
+    RedisConfig {
+        url: Some(url.to_owned()),
+        op_timeout: Duration::from_secs(2),
+        ..RedisConfig::default()
+    }
+}
+
+/// Two instances sharing `redis`, in front of a provider that sends a stream's events 50 ms
+/// apart, so that a caller on the second instance joins a stream under way.
+pub async fn slow_stream_fleet(redis: RedisConfig) -> Fleet {
+    let provider = MockProvider::start(MockSettings {
+        stream_chunk_delay: Duration::from_millis(50),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    Fleet::start_with(provider, 2, move |config| {
+        config.redis = Some(redis.clone())
+    })
+    .await
+}
+
+/// How many whole SSE events `bytes` hold.
+pub fn events_in(bytes: &[u8]) -> usize {
+    bytes.windows(2).filter(|w| w == b"\n\n").count()
+}
+
+/// Reads `response` into `bytes` until they hold at least `n` whole events.
+pub async fn read_events(response: &mut reqwest::Response, bytes: &mut Vec<u8>, n: usize) {
+    while events_in(bytes) < n {
+        let chunk = tokio::time::timeout(WAIT, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// Reads the rest of `response` into `bytes`.
+pub async fn read_to_end(response: &mut reqwest::Response, bytes: &mut Vec<u8>) {
+    while let Some(chunk) = tokio::time::timeout(WAIT, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// A stream owned on the fleet's first instance and joined live on its second: the owner
+/// reads `before` events, the follower's request is sent, the owner reads to the end.
+/// Returns the owner's bytes and the follower's reply.
+pub async fn stream_on_two_instances(
+    fleet: &Fleet,
+    path: &str,
+    body: &Value,
+    before: usize,
+) -> (Vec<u8>, Reply) {
+    let mut owner = fleet.instances[0].open(path, body).await;
+    let mut owner_bytes = Vec::new();
+    read_events(&mut owner, &mut owner_bytes, before).await;
+    // Joins on the other instance while the owner's stream is still running.
+    let follower = fleet.instances[1].post(path, body).await;
+    read_to_end(&mut owner, &mut owner_bytes).await;
+    (owner_bytes, follower)
+}
+
+/// [`stream_on_two_instances`], checked: the follower joined the owner's flight (COALESCED, one
+/// upstream call) and got the owner's bytes exactly. A replay of the finished answer would be
+/// framed (and, for Responses, numbered) anew: equal bytes mean the owner's own events came
+/// through Redis. Returns the follower's reply.
+pub async fn relayed_live(fleet: &Fleet, path: &str, body: &Value, before: usize) -> Reply {
+    let (owner_bytes, follower) = stream_on_two_instances(fleet, path, body, before).await;
+    assert_eq!(follower.cache(), "COALESCED");
+    assert_eq!(follower.body, Bytes::from(owner_bytes));
+    assert_eq!(fleet.provider.calls(), 1);
+    follower
+}
+
+/// A 200 answered as server-sent events.
+pub fn assert_event_stream(reply: &Reply) {
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+}
+
+/// `(name, data)` of each event of a named-event SSE body (Responses, Anthropic Messages),
+/// checking the framing: whole `event: <name>\ndata: <json>` frames, a name equal to its
+/// data's `type`.
+pub fn named_events(body: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
+    assert!(text.ends_with("\n\n"), "{text}");
+    text.split_terminator("\n\n")
+        .map(|frame| {
+            let (name, data) = frame
+                .strip_prefix("event: ")
+                .and_then(|rest| rest.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {frame:?}"));
+            let data: Value = serde_json::from_str(data).expect("event data is JSON");
+            assert_eq!(data["type"], name, "{frame}");
+            (name.to_owned(), data)
+        })
+        .collect()
 }
 
 /// Counts replies by `x-corral-cache`.

@@ -96,6 +96,28 @@ fn assert_well_formed(text: &str) {
 }
 
 /// Sum of the samples of `metric` whose labels include `labels`.
+/// `corral_requests_total` of `endpoint`, as (MISS, COALESCED, HIT).
+pub(crate) fn requests_by_cache(scrape: &Scrape, endpoint: &str) -> (f64, f64, f64) {
+    let requests = |cache| {
+        sum(
+            scrape,
+            "corral_requests_total",
+            &[("endpoint", endpoint), ("cache", cache)],
+        )
+    };
+    (requests("MISS"), requests("COALESCED"), requests("HIT"))
+}
+
+/// `corral_tokens_total` of `model`'s `kind` tokens (`input`, `output`, ...) from `source`
+/// (`upstream` or `saved`).
+pub(crate) fn model_tokens(scrape: &Scrape, model: &str, kind: &str, source: &str) -> f64 {
+    sum(
+        scrape,
+        "corral_tokens_total",
+        &[("model", model), ("kind", kind), ("source", source)],
+    )
+}
+
 pub(crate) fn sum(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
     scrape
         .samples
@@ -179,13 +201,7 @@ async fn fifty_coalesced_and_fifty_cached_repeats_are_ninety_nine_saved_response
         sum(&m, "corral_saved_responses_total", &[("via", "hit")]),
         50.0
     );
-    let tokens = |kind, source| {
-        sum(
-            &m,
-            "corral_tokens_total",
-            &[model, ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| model_tokens(&m, "gpt-4o-mini", kind, source);
     assert_eq!(tokens("input", "saved"), 99.0 * prompt as f64);
     assert_eq!(tokens("output", "saved"), 99.0 * completion as f64);
     assert_eq!(tokens("input", "upstream"), prompt as f64);
@@ -202,17 +218,7 @@ async fn fifty_coalesced_and_fifty_cached_repeats_are_ninety_nine_saved_response
         99.0 * one_cost
     );
     assert!((spent_usd - one_cost).abs() < 1e-9, "spent {spent_usd}");
-    let requests = |cache| {
-        sum(
-            &m,
-            "corral_requests_total",
-            &[("endpoint", "chat"), ("cache", cache)],
-        )
-    };
-    assert_eq!(
-        (requests("MISS"), requests("COALESCED"), requests("HIT")),
-        (1.0, 49.0, 50.0)
-    );
+    assert_eq!(requests_by_cache(&m, "chat"), (1.0, 49.0, 50.0));
     assert_eq!(
         sum(
             &m,

@@ -3,21 +3,16 @@
 //! the reports and the admin API, and a readiness endpoint that tells the
 //! truth (draining, circuits, Redis).
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use corral::{AppState, Config, config::Secret, fingerprint::TenantScope, tenant::key_hash};
+use corral::{Config, config::Secret, fingerprint::TenantScope, tenant::key_hash};
 use mock_upstream::{FailureMode, MockProvider};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::{
     cluster::redis_config,
-    harness::{Fleet, Reply, TestGateway, WAIT, chat},
+    harness::{Fleet, Reply, TestGateway, WAIT, chat, start_switchable},
     redis_server::RedisServer,
 };
 
@@ -499,24 +494,14 @@ async fn without_admin_keys_the_reports_are_open_and_the_admin_api_is_off() {
     assert_eq!(gateway.get("/admin").await.status, StatusCode::NOT_FOUND);
 }
 
-/// corral in-process with a shutdown switch the test holds.
-async fn start_switchable(
-    provider: &MockProvider,
-    adjust: impl FnOnce(&mut Config),
-) -> (String, Arc<AppState>, CancellationToken) {
-    let mut config = Config::for_tests(&provider.base_url());
-    adjust(&mut config);
-    config.validate().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let state = Arc::new(AppState::build(config).unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(corral::serve(
-        listener,
-        state.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-    (url, state, stop)
+/// A chat request on a task of its own; its status.
+fn spawn_chat(
+    client: &reqwest::Client,
+    url: &str,
+    content: &str,
+) -> tokio::task::JoinHandle<StatusCode> {
+    let request = client.post(format!("{url}{PATH}")).json(&chat(content));
+    tokio::spawn(async move { request.send().await.unwrap().status() })
 }
 
 async fn ready(client: &reqwest::Client, url: &str) -> (StatusCode, Value) {
@@ -527,7 +512,7 @@ async fn ready(client: &reqwest::Client, url: &str) -> (StatusCode, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_answers_503_from_the_start_of_shutdown_while_running_requests_complete() {
     let provider = MockProvider::start(Default::default()).await.unwrap();
-    let (url, state, stop) = start_switchable(&provider, |config| {
+    let (url, state, stop, _) = start_switchable(&provider, |config| {
         // Long enough that this test's requests all land inside it.
         config.shutdown.unready_delay = WAIT;
     })
@@ -541,19 +526,7 @@ async fn readyz_answers_503_from_the_start_of_shutdown_while_running_requests_co
     );
 
     provider.hold();
-    let running = {
-        let client = client.clone();
-        let url = url.clone();
-        tokio::spawn(async move {
-            client
-                .post(format!("{url}{PATH}"))
-                .json(&chat("running when shutdown begins"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let running = spawn_chat(&client, &url, "running when shutdown begins");
     assert!(provider.wait_for_calls(1, WAIT).await);
     stop.cancel();
     tokio::time::timeout(WAIT, async {
@@ -585,7 +558,7 @@ async fn readyz_answers_503_from_the_start_of_shutdown_while_running_requests_co
 #[tokio::test]
 async fn readyz_reports_each_circuit_and_redis_and_stays_200_when_they_fail() {
     let provider = MockProvider::start(Default::default()).await.unwrap();
-    let (url, state, _stop) = start_switchable(&provider, |config| {
+    let (url, state, _stop, _) = start_switchable(&provider, |config| {
         config.upstreams[0].breaker_failures = 1;
         config.upstreams[0].breaker_cool_down = WAIT;
         // Nothing listens there: Redis is configured and unavailable.
@@ -649,18 +622,7 @@ async fn the_binary_under_sigterm_is_unready_at_once_completes_its_request_and_e
     let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     assert_eq!(ready(&client, &corral.url).await.0, StatusCode::OK);
     provider.hold();
-    let running = {
-        let (client, url) = (client.clone(), corral.url.clone());
-        tokio::spawn(async move {
-            client
-                .post(format!("{url}{PATH}"))
-                .json(&chat("running at SIGTERM"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let running = spawn_chat(&client, &corral.url, "running at SIGTERM");
     assert!(provider.wait_for_calls(1, WAIT).await);
     corral.signal("TERM");
     corral.wait_for_log("/readyz answers 503").await;

@@ -124,6 +124,33 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// `calls=` of one command in `INFO commandstats` (0 before its first call).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let mut conn = self.client().await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills every pub/sub client connection (`CLIENT KILL TYPE pubsub`): announcements sent
+    /// before their subscribers reconnect reach nobody. Returns how many were killed.
+    pub async fn kill_pubsub_clients(&self) -> i64 {
+        let mut conn = self.client().await;
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
     /// Every key with its value, as `redis-cli --scan` + `GET` would dump them.
     pub async fn dump(&self) -> Vec<(String, Vec<u8>)> {
         let mut conn = self.client().await;

@@ -3,17 +3,19 @@
 //! only on `response.completed`, broken streams failing every reader, `background` requests and
 //! the stateful `/v1/responses/{id}` routes passed through, and the metrics under the model.
 
-use std::{collections::HashSet, time::Duration};
+use std::collections::HashSet;
 
 use bytes::Bytes;
-use corral::config::{ModelPrice, PriceTable, RedisConfig, Secret};
-use mock_upstream::{MockProvider, MockSettings};
+use corral::config::{ModelPrice, PriceTable, Secret};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Fleet, Reply, TestGateway, WAIT},
-    metrics::{scrape, sum},
+    harness::{
+        Reply, TestGateway, assert_event_stream, named_events, redis_at, relayed_live,
+        slow_stream_fleet, streamed,
+    },
+    metrics::{model_tokens, requests_by_cache, scrape, sum},
     redis_server::RedisServer,
 };
 
@@ -29,38 +31,14 @@ fn request(text: &str) -> Value {
 }
 
 fn streaming(text: &str) -> Value {
-    let mut body = request(text);
-    body["stream"] = json!(true);
-    body
-}
-
-/// `(name, data)` of each event of a Responses SSE body; a name must equal its data's `type`.
-fn events(body: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("SSE is UTF-8");
-    text.split_terminator("\n\n")
-        .map(|frame| {
-            let (name, data) = frame
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named event: {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("event data is JSON");
-            assert_eq!(data["type"], name, "{frame}");
-            (name.to_owned(), data)
-        })
-        .collect()
+    streamed(request(text))
 }
 
 /// Checks a complete Responses stream (numbered from 0, `response.completed` last, no
 /// `[DONE]`) and returns its completed `response`.
 fn completed(reply: &Reply) -> Value {
-    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    assert!(
-        reply
-            .header("content-type")
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
-    let events = events(&reply.body);
+    assert_event_stream(reply);
+    let events = named_events(&reply.body);
     for (n, (_, data)) in events.iter().enumerate() {
         assert_eq!(data["sequence_number"], n, "numbered in order");
     }
@@ -84,49 +62,34 @@ fn output_text(response: &Value) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_and_non_stream_callers_share_one_call() {
     let gateway = TestGateway::start(|_| {}).await;
-    gateway.provider.hold();
-    let handle = gateway.clone_handle();
-    let spawn = |i: usize| {
-        let handle = handle.clone();
-        let body = if i % 2 == 0 {
-            streaming("mixed callers")
-        } else {
-            request("mixed callers")
-        };
-        tokio::spawn(async move { (i % 2 == 0, handle.post_with(PATH, &body, &[]).await) })
-    };
     // A streaming caller owns the flight, so the upstream call streams and the
     // non-stream callers get the response of its `response.completed`.
-    let mut tasks = vec![spawn(0)];
-    gateway.wait_for_waiters(1).await;
-    tasks.extend((1..100).map(spawn));
-    gateway.wait_for_waiters(100).await;
-    gateway.provider.release();
-    let (mut streams, mut plain) = (HashSet::new(), HashSet::new());
-    let mut bodies = HashSet::new();
-    for task in tasks {
-        let (is_stream, reply) = task.await.unwrap();
-        if is_stream {
-            bodies.insert(reply.body.clone());
-            streams.insert(completed(&reply).to_string());
-        } else {
+    let (stream_replies, plain_replies) = gateway
+        .mixed_herd(
+            PATH,
+            &streaming("mixed callers"),
+            &request("mixed callers"),
+            100,
+            &[],
+        )
+        .await;
+    let streams: HashSet<String> = stream_replies
+        .iter()
+        .map(|reply| completed(reply).to_string())
+        .collect();
+    let plain: HashSet<String> = plain_replies
+        .iter()
+        .map(|reply| {
             assert_eq!(reply.status, StatusCode::OK);
             assert_eq!(reply.json()["object"], "response");
-            plain.insert(reply.json().to_string());
-        }
-    }
-    assert_eq!(
-        gateway.provider.calls(),
-        1,
-        "one upstream call for both kinds"
-    );
-    assert_eq!(bodies.len(), 1, "every streaming caller got the same bytes");
+            reply.json().to_string()
+        })
+        .collect();
     assert_eq!(
         streams, plain,
         "a non-stream caller gets the response of response.completed"
     );
     let sent = gateway.provider.requests()[0].json().unwrap();
-    assert_eq!(sent["stream"], true, "the shared call streams");
     assert!(
         sent.get("stream_options").is_none(),
         "Responses needs no usage option"
@@ -151,19 +114,13 @@ async fn a_cut_stream_fails_every_reader_and_is_not_cached() {
     let replies = gateway.herd(PATH, &body, 20, &[]).await;
     let bodies: HashSet<&Bytes> = replies.iter().map(|r| &r.body).collect();
     assert_eq!(bodies.len(), 1, "every reader got the same events");
-    let events = events(&replies[0].body);
+    let events = named_events(&replies[0].body);
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error");
     assert_eq!(error["code"], "upstream_stream_broken");
     assert_eq!(error["sequence_number"], events.len() - 1);
     assert!(events.iter().all(|(name, _)| name != "response.completed"));
-    assert_eq!(gateway.provider.calls(), 1);
-    gateway.wait_idle().await;
-    gateway.provider.set_truncate_streams(false);
-    let next = gateway.post(PATH, &body).await;
-    assert_eq!(next.cache(), "MISS", "nothing was cached");
-    completed(&next);
-    assert_eq!(gateway.provider.calls(), 2);
+    completed(&gateway.post_after_a_cut(PATH, &body, &[]).await);
 }
 
 #[tokio::test]
@@ -305,13 +262,7 @@ async fn metrics_count_tokens_and_saved_responses_under_the_model() {
     let m = scrape(&gateway).await;
     let model = ("model", "gpt-4o-mini");
     assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 10.0);
-    let tokens = |kind, source| {
-        sum(
-            &m,
-            "corral_tokens_total",
-            &[model, ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| model_tokens(&m, "gpt-4o-mini", kind, source);
     assert_eq!(tokens("input", "upstream"), input);
     assert_eq!(tokens("output", "upstream"), output);
     assert_eq!(tokens("input", "saved"), 10.0 * input);
@@ -319,66 +270,13 @@ async fn metrics_count_tokens_and_saved_responses_under_the_model() {
     let saved = sum(&m, "corral_cost_usd_total", &[model, ("source", "saved")]);
     let expected = 10.0 * (input * 0.15 + output * 0.6) / 1e6;
     assert!((saved - expected).abs() < 1e-9, "{saved} != {expected}");
-    let requests = |cache| {
-        sum(
-            &m,
-            "corral_requests_total",
-            &[("endpoint", "responses"), ("cache", cache)],
-        )
-    };
-    assert_eq!(
-        (requests("MISS"), requests("COALESCED"), requests("HIT")),
-        (1.0, 9.0, 1.0)
-    );
+    assert_eq!(requests_by_cache(&m, "responses"), (1.0, 9.0, 1.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_is_shared_live_across_instances() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
-    })
-    .await;
+    let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
     let body = streaming("relay this Responses stream live to another instance of the gateway");
-    let mut owner = fleet.instances[0]
-        .client
-        .post(format!("{}{PATH}", fleet.instances[0].url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while owner_bytes.windows(2).filter(|w| w == b"\n\n").count() < 3 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    // Joins on the other instance while the owner's stream is still running.
-    let follower = fleet.instances[1].post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    assert_eq!(follower.cache(), "COALESCED");
-    // A replay of the finished answer would be synthesized differently (and
-    // numbered anew): equal bytes mean the owner's own events came through Redis.
-    assert_eq!(follower.body, Bytes::from(owner_bytes));
-    completed(&follower);
-    assert_eq!(fleet.provider.calls(), 1);
+    completed(&relayed_live(&fleet, PATH, &body, 3).await);
 }

@@ -156,6 +156,18 @@ async fn the_sdks_base64_and_float_callers_share_embeddings() {
     assert_eq!(formats, ["base64", "float", "base64"], "{context}");
 }
 
+/// The non-stream repeat a phased SDK script sends right after its streams was served from the
+/// cache, or from the flight still storing what it streamed: no upstream call either way.
+pub(crate) fn assert_repeat_after_stream_served(results: &Value, context: &str) {
+    assert!(
+        matches!(
+            results["after_stream_cache"].as_str(),
+            Some("HIT" | "COALESCED")
+        ),
+        "{context}"
+    );
+}
+
 /// Runs `tests/sdk/<script>` against the gateway; its last stdout line is JSON.
 async fn run_sdk_script(python: &Python, gateway: &TestGateway, script: &str) -> (Value, String) {
     python.run_script(script, &gateway.url).await
@@ -252,22 +264,14 @@ async fn the_openai_python_sdks_responses_calls_are_deduplicated() {
     };
 
     // 200 identical non-stream calls: one upstream call, then a HIT.
-    gateway.provider.hold();
-    let herd = phase("herd");
-    gateway.wait_for_waiters(200).await;
-    gateway.provider.release();
-    let (results, context) = checked(herd.await.unwrap());
+    let (results, context) = checked(gateway.held_for_waiters(200, || phase("herd")).await);
     assert_eq!(results["herd_misses"], 1, "{context}");
     assert_eq!(results["herd_texts"], 1, "{context}");
     assert_eq!(results["repeat_cache"], "HIT", "{context}");
     assert_eq!(gateway.provider.calls(), 1, "{context}");
 
     // 100 identical streams: one upstream stream, every sequence complete and equal.
-    gateway.provider.hold();
-    let streams = phase("stream");
-    gateway.wait_for_waiters(100).await;
-    gateway.provider.release();
-    let (results, context) = checked(streams.await.unwrap());
+    let (results, context) = checked(gateway.held_for_waiters(100, || phase("stream")).await);
     assert_eq!(results["stream_sequences"], 1, "{context}");
     assert_eq!(results["stream_misses"], 1, "{context}");
     assert_eq!(
@@ -275,23 +279,13 @@ async fn the_openai_python_sdks_responses_calls_are_deduplicated() {
         serde_json::json!(["response.created", "response.completed"]),
         "{context}"
     );
-    assert!(
-        matches!(
-            results["after_stream_cache"].as_str(),
-            Some("HIT" | "COALESCED")
-        ),
-        "{context}"
-    );
+    assert_repeat_after_stream_served(&results, &context);
     assert_eq!(gateway.provider.calls(), 2, "{context}");
 
     // A stream cut before response.completed: every caller ends with the error
     // event, nothing is cached, and the next identical call goes upstream.
     gateway.provider.set_truncate_streams(true);
-    gateway.provider.hold();
-    let cut = phase("cut");
-    gateway.wait_for_waiters(20).await;
-    gateway.provider.release();
-    let (results, context) = checked(cut.await.unwrap());
+    let (results, context) = checked(gateway.held_for_waiters(20, || phase("cut")).await);
     assert_eq!(results["cut_sequences"], 1, "{context}");
     assert_eq!(gateway.provider.calls(), 3, "{context}");
     gateway.wait_idle().await;

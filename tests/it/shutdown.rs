@@ -4,20 +4,17 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
-use corral::{AppState, Config, config::RedisConfig};
 use mock_upstream::MockProvider;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::{
     io::{AsyncBufReadExt, AsyncRead, BufReader},
-    net::TcpListener,
     process::Child,
     sync::watch,
 };
-use tokio_util::sync::CancellationToken;
 
 use crate::{
-    harness::{Reply, WAIT, chat, collect},
+    harness::{Reply, WAIT, chat, collect, redis_at, start_switchable},
     redis_server::RedisServer,
 };
 
@@ -274,44 +271,16 @@ impl Caller {
     }
 }
 
-/// corral in-process with a shutdown switch the test holds.
-async fn start_switchable(
-    provider: &MockProvider,
-    adjust: impl FnOnce(&mut Config),
-) -> (
-    Caller,
-    Arc<AppState>,
-    CancellationToken,
-    tokio::task::JoinHandle<std::io::Result<()>>,
-) {
-    let mut config = Config::for_tests(&provider.base_url());
-    adjust(&mut config);
-    config.validate().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let state = Arc::new(AppState::build(config).unwrap());
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(corral::serve(
-        listener,
-        state.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-    (Caller::new(url), state, stop, server)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_of_a_flight_cut_by_the_drain_timeout_get_503_and_the_lock_is_released() {
     let redis = RedisServer::spawn().await;
     let provider = MockProvider::start(Default::default()).await.unwrap();
-    let (handle, state, stop, server) = start_switchable(&provider, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
+    let (url, state, stop, server) = start_switchable(&provider, |config| {
+        config.redis = Some(redis_at(&redis.url()));
         config.shutdown.drain_timeout = Duration::from_millis(500);
     })
     .await;
+    let handle = Caller::new(url);
     tokio::time::timeout(WAIT, state.cluster.as_ref().unwrap().connected())
         .await
         .unwrap();
@@ -359,10 +328,11 @@ async fn followers_of_a_flight_cut_by_the_drain_timeout_get_503_and_the_lock_is_
 #[tokio::test]
 async fn idle_keep_alive_connections_do_not_hold_up_shutdown() {
     let provider = MockProvider::start(Default::default()).await.unwrap();
-    let (handle, _state, stop, server) = start_switchable(&provider, |config| {
+    let (url, _state, stop, server) = start_switchable(&provider, |config| {
         config.shutdown.drain_timeout = Duration::from_secs(20);
     })
     .await;
+    let handle = Caller::new(url);
     // The client keeps this connection open and idle (keep-alive pool).
     let client = reqwest::Client::new();
     let ok = client

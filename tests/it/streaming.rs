@@ -11,16 +11,17 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    harness::{Fleet, Reply, TestGateway, WAIT, chat, collect, count_status},
+    harness::{
+        Fleet, Reply, TestGateway, assert_event_stream, chat, collect, count_status, read_events,
+        read_to_end, redis_at, relayed_live, slow_stream_fleet, stream_on_two_instances, streamed,
+    },
     redis_server::RedisServer,
 };
 
 const PATH: &str = "/v1/chat/completions";
 
 fn streaming(content: &str) -> Value {
-    let mut body = chat(content);
-    body["stream"] = json!(true);
-    body
+    streamed(chat(content))
 }
 
 /// The `data:` payloads of an SSE body, in order.
@@ -39,13 +40,7 @@ fn events(body: &[u8]) -> Vec<String> {
 
 /// Checks a complete, parseable OpenAI stream and returns its assembled content.
 fn assembled_content(reply: &Reply) -> String {
-    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    assert!(
-        reply
-            .header("content-type")
-            .unwrap()
-            .starts_with("text/event-stream")
-    );
+    assert_event_stream(reply);
     let events = events(&reply.body);
     assert_eq!(
         events.last().map(String::as_str),
@@ -104,32 +99,13 @@ async fn a_follower_joining_halfway_receives_the_whole_stream() {
     .unwrap();
     let gateway = TestGateway::start_with(provider, |_| {}).await;
     let body = streaming("a long answer that streams word by word so that someone can join late");
-    let mut owner = gateway
-        .client
-        .post(format!("{}{PATH}", gateway.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut owner = gateway.open(PATH, &body).await;
     assert_eq!(owner.headers()["x-corral-cache"], "MISS");
     let mut owner_bytes = Vec::new();
     // Read a few events first: the follower joins a stream already under way.
-    while events_in(&owner_bytes) < 4 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    read_events(&mut owner, &mut owner_bytes, 4).await;
     let follower = gateway.post(PATH, &body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
+    read_to_end(&mut owner, &mut owner_bytes).await;
     assert_eq!(follower.cache(), "COALESCED", "joined the live flight");
     assert_eq!(
         follower.body,
@@ -139,19 +115,13 @@ async fn a_follower_joining_halfway_receives_the_whole_stream() {
     assert_eq!(gateway.provider.calls(), 1);
 }
 
-fn events_in(bytes: &[u8]) -> usize {
-    bytes.windows(2).filter(|w| w == b"\n\n").count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_one_upstream_stream_through_redis() {
     let redis = RedisServer::spawn().await;
     let fleet = Fleet::start(3, |config| {
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             poll_interval: Duration::from_millis(200),
-            ..RedisConfig::default()
+            ..redis_at(&redis.url())
         });
     })
     .await;
@@ -266,13 +236,7 @@ async fn a_truncated_stream_fails_every_follower_and_is_not_cached() {
         );
         assert!(!events.iter().any(|e| e == "[DONE]"));
     }
-    assert_eq!(gateway.provider.calls(), 1);
-    gateway.wait_idle().await;
-    gateway.provider.set_truncate_streams(false);
-    let next = gateway.post(PATH, &body).await;
-    assert_eq!(next.cache(), "MISS", "nothing was cached");
-    assembled_content(&next);
-    assert_eq!(gateway.provider.calls(), 2);
+    assembled_content(&gateway.post_after_a_cut(PATH, &body, &[]).await);
 }
 
 #[tokio::test]
@@ -301,27 +265,9 @@ async fn cached_answers_serve_both_kinds_of_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_on_another_instance_relays_the_stream_live() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
-    })
-    .await;
+    let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
     let body = streaming("relay this stream live to another instance of the gateway please");
-    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
-    assert_eq!(follower.cache(), "COALESCED");
-    // A replay of the finished answer would be chunked differently: equal bytes
-    // mean the follower relayed the owner's own events from Redis.
-    assert_eq!(follower.body, Bytes::from(owner_bytes));
-    assert_eq!(fleet.provider.calls(), 1);
+    relayed_live(&fleet, PATH, &body, 2).await;
     let keys: Vec<String> = redis.dump().await.into_iter().map(|(k, _)| k).collect();
     assert!(keys.iter().any(|k| k.contains(":events:")), "{keys:?}");
 }
@@ -329,24 +275,14 @@ async fn a_follower_on_another_instance_relays_the_stream_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirrored_stream_events_are_encrypted_at_rest() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(50),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
-    let fleet = Fleet::start_with(provider, 2, |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            encryption_key: Some(corral::config::Secret::new([0x42; 32])),
-            ..RedisConfig::default()
-        });
+    let fleet = slow_stream_fleet(RedisConfig {
+        encryption_key: Some(corral::config::Secret::new([0x42; 32])),
+        ..redis_at(&redis.url())
     })
     .await;
     let canary = "CANARY-7f3a streamed secret words for the relay";
     let body = streaming(canary);
-    let (owner_bytes, follower) = stream_on_two_instances(&fleet, &body).await;
+    let (owner_bytes, follower) = stream_on_two_instances(&fleet, PATH, &body, 2).await;
     assert_eq!(
         follower.body,
         Bytes::from(owner_bytes),
@@ -388,36 +324,4 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
         .await
         .unwrap();
     assert!(ttl > 0);
-}
-
-/// The owner streams `body` on instance 0; once two events arrived, the same
-/// request is sent to instance 1. Returns the owner's whole stream and the follower's reply.
-async fn stream_on_two_instances(fleet: &Fleet, body: &Value) -> (Vec<u8>, Reply) {
-    let owner_url = format!("{}{PATH}", fleet.instances[0].url);
-    let mut owner = fleet.instances[0]
-        .client
-        .post(owner_url)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let mut owner_bytes = Vec::new();
-    while events_in(&owner_bytes) < 2 {
-        let chunk = tokio::time::timeout(WAIT, owner.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    // Joins on the other instance while the owner's stream is still running.
-    let follower = fleet.instances[1].post(PATH, body).await;
-    while let Some(chunk) = tokio::time::timeout(WAIT, owner.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        owner_bytes.extend_from_slice(&chunk);
-    }
-    (owner_bytes, follower)
 }

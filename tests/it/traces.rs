@@ -609,18 +609,5 @@ async fn a_request_answered_by_another_instances_flight_is_a_remote_follower() {
 /// Scripts Redis has run (`EVALSHA` and `EVAL` in `INFO commandstats`): a
 /// lock attempt is one.
 async fn script_calls(redis: &RedisServer) -> u64 {
-    let mut conn = redis.client().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    ["evalsha", "eval"]
-        .iter()
-        .filter_map(|command| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-                .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        })
-        .sum()
+    redis.command_calls("evalsha").await + redis.command_calls("eval").await
 }

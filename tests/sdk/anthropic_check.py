@@ -23,9 +23,9 @@ of what the SDK saw and exits non-zero if a check failed.
 import asyncio
 import json
 import sys
-import traceback
 
 import anthropic
+from phase_runner import run_phase
 
 MODEL = "claude-sonnet-4-5"
 
@@ -189,12 +189,6 @@ async def main() -> int:
     base_url, phase = sys.argv[1], sys.argv[2]
     base_url = base_url.removesuffix("/").removesuffix("/v1")
     results = {"sdk_version": anthropic.__version__, "phase": phase}
-    failures = []
-
-    def check(ok, what):
-        if not ok:
-            failures.append(what)
-
     clients = {
         "x_api_key": client(base_url, "sk-ant-caller-a", "x-api-key"),
         "other": client(base_url, "sk-ant-caller-b", "x-api-key"),
@@ -202,17 +196,15 @@ async def main() -> int:
         "wrong": client(base_url, "gw-wrong", "x-api-key"),
         "gateway": client(base_url, "gw-sdk-key", "x-api-key"),
     }
-    try:
-        await PHASES[phase](clients, results, check)
-    except Exception as err:  # noqa: BLE001 - every failure is reported, not raised
-        traceback.print_exc(file=sys.stderr)
-        failures.append(f"{phase}: {type(err).__name__}: {err}")
-    finally:
-        for each in clients.values():
-            await each.close()
-    results["failures"] = failures
-    print(json.dumps(results))
-    return 1 if failures else 0
+
+    async def body(check):
+        try:
+            await PHASES[phase](clients, results, check)
+        finally:
+            for each in clients.values():
+                await each.close()
+
+    return await run_phase(phase, results, body)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ asyncio over one AsyncOpenAI client (the SDK's own connection pool).
 import asyncio
 import json
 import sys
-import traceback
 
 import openai
+from phase_runner import run_phase
 
 MODEL = "gpt-4o-mini"
 
@@ -151,27 +151,19 @@ PHASES = {"herd": herd, "stream": streams, "cut": cut, "again": again, "chain": 
 async def main() -> int:
     base_url, phase = sys.argv[1], sys.argv[2]
     results = {"sdk_version": openai.__version__, "phase": phase}
-    failures = []
-
-    def check(ok, what):
-        if not ok:
-            failures.append(what)
-
     # No retries: a retry would hide a failed call and add one to the mock's count.
     client = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-sdk", max_retries=0, timeout=30)
-    try:
-        if not hasattr(client, "responses"):
-            failures.append(f"openai {openai.__version__} has no Responses API")
-        else:
-            await PHASES[phase](client, results, check)
-    except Exception as err:  # noqa: BLE001 - every failure is reported, not raised
-        traceback.print_exc(file=sys.stderr)
-        failures.append(f"{phase}: {type(err).__name__}: {err}")
-    finally:
-        await client.close()
-    results["failures"] = failures
-    print(json.dumps(results))
-    return 1 if failures else 0
+
+    async def body(check):
+        try:
+            if not hasattr(client, "responses"):
+                check(False, f"openai {openai.__version__} has no Responses API")
+            else:
+                await PHASES[phase](client, results, check)
+        finally:
+            await client.close()
+
+    return await run_phase(phase, results, body)
 
 
 if __name__ == "__main__":

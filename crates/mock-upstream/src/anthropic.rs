@@ -20,12 +20,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::openai::{
-    Answer, InvalidRequest, SseEvents, approx_tokens, canonical_json, short_digest, word_count,
-    word_pieces,
+    Answer, InvalidRequest, SseEvents, approx_tokens, quoting_reply, word_count, word_pieces,
 };
-
-/// How much of the user's text the reply quotes.
-const QUOTE_CHARS: usize = 60;
 
 /// `POST /v1/messages`: a `message`, or its stream of events.
 pub(super) fn messages(
@@ -234,23 +230,14 @@ impl<'a> Prompt<'a> {
 
     /// A digest of the system prompt and every message, then the last user text quoted.
     fn reply(&self) -> String {
-        let digest = short_digest(&canonical_json(&json!({
-            "system": self.system,
-            "messages": self.messages,
-        })));
-        let quote: String = self
-            .list
-            .iter()
-            .rev()
-            .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-            .map(|m| text_of(m.get("content")))
-            .unwrap_or_default()
-            .chars()
-            .take(QUOTE_CHARS)
-            .collect();
-        format!("mock reply to {digest}: {quote}")
-            .trim_end()
-            .to_owned()
+        quoting_reply(
+            &json!({
+                "system": self.system,
+                "messages": self.messages,
+            }),
+            self.list,
+            |m| text_of(m.get("content")),
+        )
     }
 
     /// Input tokens by how they are billed: (uncached, read from the cache, written to it).

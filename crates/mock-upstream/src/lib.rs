@@ -23,6 +23,8 @@ mod http;
 mod openai;
 mod responses;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, VecDeque};

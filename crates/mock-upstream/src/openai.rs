@@ -418,12 +418,23 @@ fn non_empty(items: Vec<String>, name: &str) -> Result<Vec<String>, InvalidReque
 
 /// The reply to a conversation: a digest of all messages, then the last user text quoted.
 fn chat_content(messages: &Value, list: &[Value]) -> String {
-    let digest = short_digest(&canonical_json(messages));
+    quoting_reply(messages, list, message_text)
+}
+
+/// The reply of every API's mock: a digest of what shapes the answer (`shaped_by`), then the
+/// last user message of `list` quoted (its text as `text` reads it), so a test can see both
+/// that the answer is deterministic and which conversation it answers.
+pub(super) fn quoting_reply(
+    shaped_by: &Value,
+    list: &[Value],
+    text: impl Fn(&Value) -> String,
+) -> String {
+    let digest = short_digest(&canonical_json(shaped_by));
     let quote: String = list
         .iter()
         .rev()
         .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
-        .map(message_text)
+        .map(text)
         .unwrap_or_default()
         .chars()
         .take(QUOTE_CHARS)

@@ -1,24 +1,13 @@
 //! `POST /v1/responses` over loopback HTTP: deterministic answers, the named event stream, and
 //! the truncation knob cutting it before `response.completed`.
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
 
-use crate::{MockProvider, MockSettings};
-
-async fn start() -> MockProvider {
-    MockProvider::start(MockSettings::default())
-        .await
-        .expect("starting the mock provider")
-}
+use crate::MockProvider;
+use crate::test_support::{body_until_cut, named_events, post_to, start};
 
 async fn post(mock: &MockProvider, body: &Value) -> reqwest::Response {
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("a client")
-        .post(format!("{}/responses", mock.base_url()))
-        .json(body)
+    post_to(mock, "/responses", body)
         .send()
         .await
         .expect("sending the request")
@@ -30,21 +19,6 @@ fn request(text: &str) -> Value {
         "instructions": "Be terse.",
         "input": [{"role": "user", "content": text}],
     })
-}
-
-/// `(event name, data)` of every event; each event's name must equal its data's `type`.
-fn named_events(body: &str) -> Vec<(String, Value)> {
-    body.split_terminator("\n\n")
-        .map(|event| {
-            let (name, data) = event
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named event: {event:?}"));
-            let data: Value = serde_json::from_str(data).expect("JSON data");
-            assert_eq!(data["type"], name, "{event}");
-            (name.to_owned(), data)
-        })
-        .collect()
 }
 
 fn output_text(response: &Value) -> &str {
@@ -143,19 +117,7 @@ async fn a_truncated_stream_is_cut_before_response_completed() {
     let mut streamed = request("cut me short");
     streamed["stream"] = json!(true);
     let response = post(&mock, &streamed).await;
-    let mut body = Vec::new();
-    let mut aborted = false;
-    let mut frames = response.bytes_stream();
-    while let Some(frame) = frames.next().await {
-        match frame {
-            Ok(bytes) => body.extend_from_slice(&bytes),
-            Err(_) => {
-                aborted = true;
-                break;
-            }
-        }
-    }
-    assert!(aborted, "the connection must be cut, not the stream ended");
+    let body = body_until_cut(response).await;
     let events = named_events(std::str::from_utf8(&body).unwrap());
     assert_eq!(events.last().unwrap().0, "response.output_text.delta");
     assert!(events.iter().all(|(name, _)| name != "response.completed"));

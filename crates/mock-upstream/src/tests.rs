@@ -5,35 +5,16 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use super::openai::{canonical_json, embedding_vector, word_pieces};
+use super::test_support::{DEADLINE, body_until_cut, client, post_to, start, with};
 use super::{FailureMode, MockProvider, MockSettings, Scripted};
 
-/// Deadline for anything that should happen promptly; only reached when a test is failing.
-const DEADLINE: Duration = Duration::from_secs(10);
-
-fn client() -> reqwest::Client {
-    // A proxy from the environment must not intercept loopback calls.
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("building the HTTP client")
-}
-
-async fn start() -> MockProvider {
-    MockProvider::start(MockSettings::default())
-        .await
-        .expect("starting the mock provider")
-}
-
 async fn post(mock: &MockProvider, path: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(format!("{}{path}", mock.base_url()))
-        .json(body)
+    post_to(mock, path, body)
         .send()
         .await
         .expect("sending the request")
@@ -53,11 +34,6 @@ fn chat(text: &str) -> Value {
             {"role": "user", "content": text},
         ],
     })
-}
-
-fn with(mut body: Value, key: &str, value: Value) -> Value {
-    body[key] = value;
-    body
 }
 
 /// The JSON payloads of an SSE body, `[DONE]` kept as a string, checking the framing on the way.
@@ -267,19 +243,7 @@ async fn truncated_stream_stops_after_the_first_content_chunk() {
         )
         .await;
         assert_eq!(response.status(), 200);
-        let mut body = Vec::new();
-        let mut aborted = false;
-        let mut frames = response.bytes_stream();
-        while let Some(frame) = frames.next().await {
-            match frame {
-                Ok(bytes) => body.extend_from_slice(&bytes),
-                Err(_) => {
-                    aborted = true;
-                    break;
-                }
-            }
-        }
-        assert!(aborted, "the connection must be cut, not the stream ended");
+        let body = body_until_cut(response).await;
         let events = sse_events(std::str::from_utf8(&body).expect("UTF-8"));
         assert_eq!(events.len(), 2, "role chunk and first content chunk");
         assert_eq!(events[1]["choices"][0]["delta"]["content"], "mock ");

@@ -5,19 +5,10 @@
 
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use serde_json::{Value, json};
 
-use crate::{FailureMode, MockProvider, MockSettings};
-
-/// Deadline for anything that should happen promptly; only reached when a test is failing.
-const DEADLINE: Duration = Duration::from_secs(10);
-
-async fn start() -> MockProvider {
-    MockProvider::start(MockSettings::default())
-        .await
-        .expect("starting the mock provider")
-}
+use crate::test_support::{DEADLINE, body_until_cut, named_events, post_to, start, with};
+use crate::{FailureMode, MockProvider};
 
 fn message(text: &str) -> Value {
     json!({
@@ -28,24 +19,13 @@ fn message(text: &str) -> Value {
     })
 }
 
-fn with(mut body: Value, key: &str, value: Value) -> Value {
-    body[key] = value;
-    body
-}
-
 async fn post(
     mock: &MockProvider,
     path: &str,
     body: &Value,
     headers: &[(&str, &str)],
 ) -> reqwest::Response {
-    let mut request = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("building the HTTP client")
-        .post(format!("{}{path}", mock.base_url()))
-        .timeout(DEADLINE)
-        .json(body);
+    let mut request = post_to(mock, path, body).timeout(DEADLINE);
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -62,20 +42,9 @@ async fn post_json(mock: &MockProvider, path: &str, body: &Value) -> (u16, Value
 
 /// The events of an Anthropic SSE body, checking that each `event:` line names its data's type.
 fn events(body: &str) -> Vec<Value> {
-    assert!(
-        body.ends_with("\n\n"),
-        "SSE body must end an event: {body:?}"
-    );
-    body.split_terminator("\n\n")
-        .map(|frame| {
-            let (event, data) = frame
-                .strip_prefix("event: ")
-                .and_then(|rest| rest.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not an event/data pair: {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("JSON data");
-            assert_eq!(data["type"], event, "{frame}");
-            data
-        })
+    named_events(body)
+        .into_iter()
+        .map(|(_, data)| data)
         .collect()
 }
 
@@ -348,19 +317,7 @@ async fn a_truncated_stream_stops_after_its_first_text_delta() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    let mut body = Vec::new();
-    let mut aborted = false;
-    let mut frames = response.bytes_stream();
-    while let Some(frame) = frames.next().await {
-        match frame {
-            Ok(bytes) => body.extend_from_slice(&bytes),
-            Err(_) => {
-                aborted = true;
-                break;
-            }
-        }
-    }
-    assert!(aborted, "the connection must be cut, not the stream ended");
+    let body = body_until_cut(response).await;
     let events = events(std::str::from_utf8(&body).unwrap());
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
