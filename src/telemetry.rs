@@ -26,7 +26,7 @@ use std::{
     io::{self, Write},
     mem,
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread::{self, JoinHandle},
@@ -98,29 +98,28 @@ struct Shared {
     dropped_total: AtomicUsize,
     closed: AtomicBool,
     /// The writer thread, woken by the first line into an empty batch.
-    writer: thread::Thread,
+    writer: OnceLock<thread::Thread>,
 }
 
 /// The writer side and its guard, writing batches into `sink`.
 pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
-    let (ready, thread_of) = std::sync::mpsc::sync_channel(1);
-    let handle = thread::Builder::new()
-        .name("corral-log".to_owned())
-        .spawn(move || {
-            let shared: Arc<Shared> = thread_of.recv().expect("the writer's state is sent");
-            write_batches(&shared, sink);
-        })
-        .expect("the log writer thread starts");
     let shared = Arc::new(Shared {
         batch: Mutex::new(Vec::new()),
         dropped: AtomicUsize::new(0),
         dropped_total: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
-        writer: handle.thread().clone(),
+        writer: OnceLock::new(),
     });
-    ready
-        .send(shared.clone())
-        .expect("the writer thread waits for its state");
+    let handle = thread::Builder::new()
+        .name("corral-log".to_owned())
+        .spawn({
+            let shared = shared.clone();
+            move || write_batches(&shared, sink)
+        })
+        .expect("the log writer thread starts");
+    // Lines logged before this is set wake nobody; the writer finds them
+    // anyway, because it looks at the batch before it parks.
+    let _ = shared.writer.set(handle.thread().clone());
     (
         BatchWriter {
             shared: shared.clone(),
@@ -134,12 +133,23 @@ pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
 
 /// The writer thread: sleeps until a batch begins, lets it gather for one
 /// interval, then writes it whole; after the guard closed, writes the rest.
+///
+/// It parks only while the batch is empty: a wake-up token can be lost (one
+/// that arrives before the thread first parks, or one a spurious return used
+/// up), and a line that found the batch empty must not wait for the next.
 fn write_batches(shared: &Shared, mut sink: impl Write) {
     let mut out = Vec::new();
     loop {
         let closed = shared.closed.load(Ordering::Acquire);
         if !closed {
-            thread::park();
+            let idle = shared
+                .batch
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty();
+            if idle {
+                thread::park();
+            }
             if !shared.closed.load(Ordering::Acquire) {
                 thread::sleep(BATCH_INTERVAL);
             }
@@ -192,8 +202,8 @@ impl Write for BatchLine<'_> {
             batch.extend_from_slice(line);
             was_empty
         };
-        if was_empty {
-            self.shared.writer.unpark();
+        if was_empty && let Some(writer) = self.shared.writer.get() {
+            writer.unpark();
         }
         Ok(line.len())
     }
@@ -217,13 +227,34 @@ impl<'a> MakeWriter<'a> for BatchWriter {
 mod tests {
     use super::*;
 
-    /// A sink the test can read after the writer thread is gone.
+    /// A sink the test can read, and wait on until it holds some text.
     #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
+    struct Sink(Arc<(Mutex<Vec<u8>>, std::sync::Condvar)>);
+
+    impl Sink {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.0.lock().unwrap().clone()).unwrap()
+        }
+
+        /// Waits (bounded: 10 s, far above one batch interval) until the
+        /// written text contains `needle`; whether it did.
+        fn wait_for(&self, needle: &str) -> bool {
+            let (written, changed) = &*self.0;
+            let (_written, timeout) = changed
+                .wait_timeout_while(
+                    written.lock().unwrap(),
+                    Duration::from_secs(10),
+                    |written| !String::from_utf8_lossy(written).contains(needle),
+                )
+                .unwrap();
+            !timeout.timed_out()
+        }
+    }
 
     impl Write for Sink {
         fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
+            self.0.0.lock().unwrap().extend_from_slice(bytes);
+            self.0.1.notify_all();
             Ok(bytes.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -242,10 +273,22 @@ mod tests {
             expected.push_str(&line);
         }
         drop(guard);
-        assert_eq!(
-            String::from_utf8(sink.0.lock().unwrap().clone()).unwrap(),
-            expected
+        assert_eq!(sink.text(), expected);
+    }
+
+    #[test]
+    fn a_line_is_written_without_waiting_for_the_guard() {
+        let sink = Sink::default();
+        let (writer, guard) = batched(sink.clone());
+        writer.make_writer().write_all(b"first\n").unwrap();
+        assert!(
+            sink.wait_for("first\n"),
+            "the first batch is written while the guard lives"
         );
+        writer.make_writer().write_all(b"second\n").unwrap();
+        assert!(sink.wait_for("second\n"), "so is a later one");
+        drop(guard);
+        assert_eq!(sink.text(), "first\nsecond\n");
     }
 
     /// A sink that blocks every write until the test opens it.
@@ -293,7 +336,7 @@ mod tests {
         let dropped = guard.dropped_lines();
         gated.open();
         drop(guard);
-        let written = String::from_utf8(gated.sink.0.lock().unwrap().clone()).unwrap();
+        let written = gated.sink.text();
         let reported: usize = written
             .lines()
             .filter_map(|line| {
