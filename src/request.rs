@@ -360,6 +360,17 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
+    fn header_map(headers: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
     fn parse(headers: &[(&str, &str)], query: Option<&str>, body: &str) -> DedupRequest {
         try_parse_with(headers, query, body).unwrap()
     }
@@ -376,13 +387,7 @@ mod tests {
         let config = Config::for_tests("http://127.0.0.1:1/v1");
         let routes = Routes::new(&config.upstreams);
         let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
+        let map = header_map(headers);
         DedupRequest::parse(
             Endpoint::ChatCompletions,
             &map,
@@ -403,13 +408,7 @@ mod tests {
         config.upstreams[0].api = Api::Anthropic;
         let routes = Routes::new(&config.upstreams);
         let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
+        let map = header_map(headers);
         let body = r#"{"model":"m","max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
         DedupRequest::parse(
             Endpoint::Messages,
