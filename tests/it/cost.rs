@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use corral::{config::RedisConfig, pricing::snapshot};
+use corral::pricing::snapshot;
 use mock_upstream::Scripted;
-use prometheus_parse::{Scrape, Value as Sample};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
     harness::{TestGateway, chat},
+    metrics::{scrape, sum},
     redis_server::RedisServer,
 };
 
@@ -30,26 +30,6 @@ fn snapshot_price(id: &str) -> corral::pricing::SnapshotModel {
         .find(|model| model.id == id)
         .unwrap_or_else(|| panic!("{id} is not in the snapshot"))
         .clone()
-}
-
-async fn scrape(gateway: &TestGateway) -> Scrape {
-    let reply = gateway.get("/metrics").await;
-    assert_eq!(reply.status, StatusCode::OK);
-    let text = String::from_utf8(reply.body.to_vec()).expect("UTF-8");
-    Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).expect("parses")
-}
-
-fn sample(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match &s.value {
-            Sample::Counter(v) | Sample::Gauge(v) | Sample::Untyped(v) => *v,
-            _ => panic!("{metric} is not a counter"),
-        })
-        .sum()
 }
 
 async fn stats(gateway: &TestGateway) -> Value {
@@ -106,16 +86,16 @@ async fn cached_and_reasoning_tokens_are_billed_at_their_own_prices_exactly() {
     let labels = |source| [("model", model), ("source", source)];
     let usd = |picos: u128| picos as f64 / 1e12;
     assert_eq!(
-        sample(&m, "corral_cost_usd_total", &labels("upstream")),
+        sum(&m, "corral_cost_usd_total", &labels("upstream")),
         usd(one),
         "exactly the kinds at their prices"
     );
     assert_eq!(
-        sample(&m, "corral_cost_usd_total", &labels("saved")),
+        sum(&m, "corral_cost_usd_total", &labels("saved")),
         usd(9 * one)
     );
     let tokens = |kind, source| {
-        sample(
+        sum(
             &m,
             "corral_tokens_total",
             &[("model", model), ("kind", kind), ("source", source)],
@@ -127,7 +107,7 @@ async fn cached_and_reasoning_tokens_are_billed_at_their_own_prices_exactly() {
     assert_eq!(tokens("reasoning", "upstream"), 60.0);
     assert_eq!(tokens("reasoning", "saved"), 9.0 * 60.0);
     assert_eq!(
-        sample(
+        sum(
             &m,
             "gen_ai_client_token_usage_sum",
             &[
@@ -174,7 +154,7 @@ async fn an_unpriced_models_tokens_are_counted_and_flagged() {
 
     let m = scrape(&gateway).await;
     let unpriced = |source| {
-        sample(
+        sum(
             &m,
             "corral_unpriced_tokens_total",
             &[("model", "other"), ("source", source)],
@@ -182,10 +162,7 @@ async fn an_unpriced_models_tokens_are_counted_and_flagged() {
     };
     assert_eq!(unpriced("upstream"), total as f64);
     assert_eq!(unpriced("saved"), total as f64);
-    assert_eq!(
-        sample(&m, "corral_cost_usd_total", &[("model", "other")]),
-        0.0
-    );
+    assert_eq!(sum(&m, "corral_cost_usd_total", &[("model", "other")]), 0.0);
     let s = stats(&gateway).await;
     assert_eq!(
         s["unpriced_tokens"],
@@ -203,12 +180,8 @@ async fn an_unpriced_models_tokens_are_counted_and_flagged() {
 
 fn shared_redis(url: &str) -> impl Fn(&mut corral::Config) + '_ {
     move |config| {
-        config.redis = Some(RedisConfig {
-            url: Some(url.to_owned()),
-            // A loaded test machine can take longer than production's 150 ms.
-            op_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        });
+        // A loaded test machine can take longer than production's 150 ms.
+        config.redis = Some(crate::harness::redis_at(url));
         // The explicit flushes below are what the test waits on.
         config.ledger.flush_interval = Duration::from_secs(3600);
     }
@@ -305,7 +278,7 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
     }
     // `/metrics` stays per instance: Prometheus sums the instances itself.
     assert_eq!(
-        sample(&scrape(&a).await, "corral_upstream_requests_total", &[]),
+        sum(&scrape(&a).await, "corral_upstream_requests_total", &[]),
         1.0
     );
     let before = stats(&a).await;
@@ -332,7 +305,7 @@ async fn two_instances_report_the_cluster_sum_and_it_survives_their_restart() {
             assert_eq!(s[field], before[field], "{field} after the restart");
         }
         assert_eq!(
-            sample(
+            sum(
                 &scrape(gateway).await,
                 "corral_upstream_requests_total",
                 &[]

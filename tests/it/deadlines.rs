@@ -474,22 +474,7 @@ async fn sigterm_with_open_streams_gives_every_reader_an_error_event_leaves_no_l
     );
     let mut corral = crate::shutdown::CorralProcess::start(&yaml, &[]).await;
     let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let ready: Value = client
-            .get(format!("{}/readyz", corral.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if ready["redis"]["status"] == "up" && ready["redis"]["subscribed"] == true {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never connected: {ready}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    corral.wait_redis_connected().await;
 
     let body = streaming("a long stream that is open when the gateway is told to stop");
     let mut open = Vec::new();

@@ -5,7 +5,7 @@
 //! retries multiplied by the SDK's, and a binary that refuses to be an open
 //! relay but starts beside Kubernetes' service variables.
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{path::Path, time::Duration};
 
 use corral::{auth::key_hash, config::Secret, upstream::breaker::BreakerState};
 use mock_upstream::{FailureMode, MockProvider, MockSettings, Scripted};
@@ -315,11 +315,7 @@ async fn one_tenants_key_errors_never_open_the_circuit_for_another() {
 async fn a_key_error_is_never_negatively_cached() {
     let redis = RedisServer::spawn().await;
     let gateway = TestGateway::start(|config| {
-        config.redis = Some(corral::config::RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..Default::default()
-        });
+        config.redis = Some(crate::harness::redis_at(&redis.url()));
         config.cache.error_ttl = Duration::from_secs(60);
         config.retry.max_attempts = 1;
     })
@@ -395,18 +391,8 @@ async fn failed_start(yaml: &str, env: &[(&str, &str)]) -> (Option<i32>, String)
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, yaml).unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral"));
-    command
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_BACKTRACE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (name, value) in env {
-        command.env(name, value);
-    }
+    let mut command = crate::shutdown::corral_command(&path, env);
+    command.env("RUST_BACKTRACE", "1");
     let output = tokio::time::timeout(WAIT, command.output())
         .await
         .expect("corral exits instead of serving")
@@ -513,11 +499,7 @@ async fn a_provider_redirect_is_relayed_not_followed() {
 async fn an_instances_open_circuit_is_not_recorded_for_the_cluster() {
     let redis = RedisServer::spawn().await;
     let fleet = crate::harness::Fleet::start(2, |config| {
-        config.redis = Some(corral::config::RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
-            ..Default::default()
-        });
+        config.redis = Some(crate::harness::redis_at(&redis.url()));
         config.cache.error_ttl = Duration::from_secs(60);
         config.retry.max_attempts = 1;
         config.upstreams[0].breaker_failures = 1;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use corral::{
     auth::key_hash,
-    config::{RateConfig, RedisConfig, Secret},
+    config::{RateConfig, Secret},
     upstream::breaker::BreakerState,
 };
 use mock_upstream::{FailureMode, MockProvider, Scripted};
@@ -263,31 +263,6 @@ fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// Waits until the binary reports Redis up and subscribed (another process:
-/// only /readyz shows it).
-pub async fn wait_redis_up(url: &str) {
-    let client = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let ready: Value = client
-            .get(format!("{url}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if ready["redis"]["status"] == "up" && ready["redis"]["subscribed"] == true {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never connected: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neither_redis_nor_the_logs_hold_an_api_key_or_its_plain_hash() {
     let redis = RedisServer::spawn().await;
@@ -308,7 +283,7 @@ async fn neither_redis_nor_the_logs_hold_an_api_key_or_its_plain_hash() {
         ],
     )
     .await;
-    wait_redis_up(&corral.url).await;
+    corral.wait_redis_connected().await;
     let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     let send = |body: Value, path: &'static str, key: Option<&str>| {
         let mut request = client.post(format!("{}{path}", corral.url)).json(&body);
@@ -395,14 +370,6 @@ async fn neither_redis_nor_the_logs_hold_an_api_key_or_its_plain_hash() {
     );
 }
 
-fn redis_config(url: &str) -> RedisConfig {
-    RedisConfig {
-        url: Some(url.to_owned()),
-        op_timeout: Duration::from_secs(2),
-        ..RedisConfig::default()
-    }
-}
-
 /// A complete chat answer that repeats the prompt, as models often do.
 fn echoing_answer(text: &str) -> Scripted {
     Scripted::json(
@@ -429,7 +396,9 @@ async fn with_encryption_no_prompt_text_reaches_redis_and_every_key_expires() {
     let canary = "CANARY-d41d8cd98f00";
 
     // Control: in the clear, the canary does reach Redis (the answer repeats it).
-    let clear = TestGateway::start(|config| config.redis = Some(redis_config(&redis.url()))).await;
+    let clear =
+        TestGateway::start(|config| config.redis = Some(crate::harness::redis_at(&redis.url())))
+            .await;
     clear.wait_connected().await;
     clear.provider.push_script(echoing_answer(canary));
     assert_eq!(clear.post(PATH, &chat(canary)).await.cache(), "MISS");
@@ -441,7 +410,7 @@ async fn with_encryption_no_prompt_text_reaches_redis_and_every_key_expires() {
     let encrypted = |key: [u8; 32]| {
         let url = redis.url();
         move |config: &mut corral::Config| {
-            let mut redis = redis_config(&url);
+            let mut redis = crate::harness::redis_at(&url);
             redis.encryption_key = Some(Secret::new(key));
             config.redis = Some(redis);
         }

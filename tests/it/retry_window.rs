@@ -188,10 +188,8 @@ async fn a_retry_on_another_instance_gets_the_answer_through_redis() {
     let redis = RedisServer::spawn().await;
     let fleet = Fleet::start(2, |config| {
         config.redis = Some(RedisConfig {
-            url: Some(redis.url()),
-            op_timeout: Duration::from_secs(2),
             encryption_key: Some(Secret::new([0x42; 32])),
-            ..RedisConfig::default()
+            ..crate::harness::redis_at(&redis.url())
         });
     })
     .await;

@@ -20,6 +20,23 @@ use crate::{
 
 const PATH: &str = "/v1/chat/completions";
 
+/// The `corral` binary on the config file at `path`, with `env` added to the
+/// test's environment; stdout and stderr piped, killed when dropped.
+pub fn corral_command(path: &std::path::Path, env: &[(&str, &str)]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral"));
+    command
+        .arg("--config")
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command
+}
+
 /// The `corral` binary, started on a config file in a scratch directory.
 pub struct CorralProcess {
     pub child: Child,
@@ -37,19 +54,10 @@ impl CorralProcess {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.yaml");
         std::fs::write(&path, yaml).unwrap();
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral"));
-        command
-            .arg("--config")
-            .arg(&path)
+        let mut child = corral_command(&path, env)
             .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().expect("the corral binary starts");
+            .spawn()
+            .expect("the corral binary starts");
         let pid = child.id().expect("running");
         let (sender, logs) = watch::channel(String::new());
         let sender = Arc::new(sender);
@@ -86,6 +94,31 @@ impl CorralProcess {
 
     pub fn logs(&self) -> String {
         self.logs.borrow().clone()
+    }
+
+    /// Waits (bounded) until the process reports Redis up and subscribed
+    /// (another process: only its `/readyz` shows it).
+    pub async fn wait_redis_connected(&self) {
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let ready: Value = client
+                .get(format!("{}/readyz", self.url))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if ready["redis"]["status"] == "up" && ready["redis"]["subscribed"] == true {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never connected: {ready}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub fn signal(&self, signal: &str) {
@@ -167,25 +200,7 @@ async fn sigterm_during_200_coalesced_requests_answers_all_releases_the_lock_and
         .build()
         .unwrap();
     // Connected to Redis before the herd, so the owner takes the cluster lock.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let ready: Value = client
-            .get(format!("{}/readyz", corral.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if ready["redis"]["status"] == "up" && ready["redis"]["subscribed"] == true {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never connected: {ready}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    corral.wait_redis_connected().await;
 
     provider.hold();
     let body = chat("shutdown with a herd in flight");
