@@ -254,12 +254,7 @@ async fn twenty_stalled_readers_are_cut_by_the_write_timeout_and_their_memory_re
 async fn a_silent_no_store_stream_and_a_silent_passthrough_body_end_within_the_stall_timeout() {
     let stall = Duration::from_secs(1);
     // The mock sends its first event, then waits a minute before the next.
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_secs(60),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
+    let provider = dripping_provider(Duration::from_secs(60)).await;
     let gateway = TestGateway::start_with(provider, |config| {
         config.coalesce.stream_stall_timeout = stall;
     })
@@ -322,12 +317,7 @@ async fn a_silent_no_store_stream_and_a_silent_passthrough_body_end_within_the_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dripping_stream_ends_at_its_total_deadline_for_every_reader_with_no_lock_and_no_cache() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_secs(2),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
+    let provider = dripping_provider(Duration::from_secs(2)).await;
     let total = Duration::from_secs(5);
     let gateway = TestGateway::start_with(provider, |config| {
         config.upstreams[0].request_timeout = total;
@@ -461,12 +451,7 @@ fn last_event_json(bytes: &[u8]) -> Value {
 async fn sigterm_with_open_streams_gives_every_reader_an_error_event_leaves_no_lock_and_exits_0() {
     let redis = RedisServer::spawn().await;
     // A long stream: one event a second.
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_secs(1),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
+    let provider = dripping_provider(Duration::from_secs(1)).await;
     let yaml = format!(
         "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}'}}\nredis:\n  url: '{}'\n  op_timeout: 2s\nshutdown:\n  drain_timeout: 1s\n",
         provider.base_url(),
@@ -529,12 +514,7 @@ async fn sigterm_with_open_streams_gives_every_reader_an_error_event_leaves_no_l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_streaming_follower_gets_the_whole_answer_within_one_poll_interval_of_the_owner() {
     let redis = RedisServer::spawn().await;
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(100),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
+    let provider = dripping_provider(Duration::from_millis(100)).await;
     let poll_interval = Duration::from_secs(5);
     let fleet = crate::harness::Fleet::start_with(provider, 2, |config| {
         config.coalesce.stream_stall_timeout = Duration::from_secs(120);
@@ -588,12 +568,7 @@ async fn a_remote_streaming_follower_whose_owner_dies_mid_stream_ends_long_befor
  {
     let redis = RedisServer::spawn().await;
     // A long stream: one event every 300 ms.
-    let provider = MockProvider::start(MockSettings {
-        stream_chunk_delay: Duration::from_millis(300),
-        ..MockSettings::default()
-    })
-    .await
-    .unwrap();
+    let provider = dripping_provider(Duration::from_millis(300)).await;
     let stall = Duration::from_secs(120);
     let yaml = format!(
         "listen: 127.0.0.1:0\nupstreams:\n  - {{name: mock, base_url: '{}'}}\nredis:\n  url: '{}'\n  op_timeout: 2s\n  lock_ttl: 1s\n",
@@ -641,4 +616,14 @@ async fn a_remote_streaming_follower_whose_owner_dies_mid_stream_ends_long_befor
     );
     // Lock TTL + one poll + the relay's 1 s grace, not the 120 s stall timeout.
     assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
+}
+
+/// A provider that sends a stream's events `delay` apart.
+async fn dripping_provider(delay: Duration) -> MockProvider {
+    MockProvider::start(MockSettings {
+        stream_chunk_delay: delay,
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap()
 }
