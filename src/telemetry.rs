@@ -53,7 +53,7 @@ pub struct LogGuard {
 impl LogGuard {
     /// Lines dropped because the batch was full, since the start.
     pub fn dropped_lines(&self) -> usize {
-        self.shared.dropped_total.load(Ordering::Relaxed)
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -93,9 +93,8 @@ pub struct BatchWriter {
 
 struct Shared {
     batch: Mutex<Vec<u8>>,
-    /// Dropped since the writer last reported it.
+    /// Lines dropped since the start; the writer reports what is new.
     dropped: AtomicUsize,
-    dropped_total: AtomicUsize,
     closed: AtomicBool,
     /// The writer thread, woken by the first line into an empty batch.
     writer: OnceLock<thread::Thread>,
@@ -106,7 +105,6 @@ pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
     let shared = Arc::new(Shared {
         batch: Mutex::new(Vec::new()),
         dropped: AtomicUsize::new(0),
-        dropped_total: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
         writer: OnceLock::new(),
     });
@@ -139,6 +137,7 @@ pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
 /// up), and a line that found the batch empty must not wait for the next.
 fn write_batches(shared: &Shared, mut sink: impl Write) {
     let mut out = Vec::new();
+    let mut reported_drops = 0;
     loop {
         let closed = shared.closed.load(Ordering::Acquire);
         if !closed {
@@ -158,7 +157,9 @@ fn write_batches(shared: &Shared, mut sink: impl Write) {
             let mut batch = shared.batch.lock().unwrap_or_else(PoisonError::into_inner);
             mem::swap(&mut *batch, &mut out);
         }
-        let dropped = shared.dropped.swap(0, Ordering::Relaxed);
+        let dropped_total = shared.dropped.load(Ordering::Relaxed);
+        let dropped = dropped_total - reported_drops;
+        reported_drops = dropped_total;
         if dropped > 0 {
             let _ = writeln!(
                 out,
@@ -195,7 +196,6 @@ impl Write for BatchLine<'_> {
             if batch.len() + line.len() > MAX_BATCH_BYTES {
                 drop(batch);
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-                self.shared.dropped_total.fetch_add(1, Ordering::Relaxed);
                 return Ok(line.len());
             }
             let was_empty = batch.is_empty();
