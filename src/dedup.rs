@@ -12,21 +12,24 @@ use axum::{
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::{
     cache::{StoredResponse, Usage},
-    coalesce::{Answer, CacheStatus, Loaded, Loader, Served, StreamPublisher},
+    coalesce::{Answer, CacheStatus, Loaded, Loader, Lookup, Served, StreamPublisher},
     config::CacheScope,
     embeddings,
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint},
+    memo::{Derived, RequestBytes},
     metrics::{Attribution, Metrics},
     request::DedupRequest,
     retry_window::Retained,
     sse::{self, Format, StreamLog},
     state::AppState,
+    tenant::TenantScope,
     upstream::{Outbound, body},
-    wire::Wire,
+    wire::{self, Wire},
 };
 
 /// Upstream response headers that may be shared with every caller of a
@@ -36,13 +39,178 @@ const SHARED_RESPONSE_HEADERS: &[&str] = &["content-type", "openai-model", "open
 
 pub const FINGERPRINT_HEADER: &str = "x-corral-fingerprint";
 pub const CACHE_HEADER: &str = "x-corral-cache";
+pub const FINGERPRINT_HEADER_NAME: HeaderName = HeaderName::from_static(FINGERPRINT_HEADER);
+pub const CACHE_HEADER_NAME: HeaderName = HeaderName::from_static(CACHE_HEADER);
+/// RFC 9211.
+const CACHE_STATUS_HEADER_NAME: HeaderName = HeaderName::from_static("cache-status");
+
+/// Who sent the request, as the pipeline admitted it.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The request id the response echoes (`x-request-id`).
+    pub request_id: HeaderValue,
+    /// The caller's own tenant (its credential's scope), whatever the cache shares.
+    pub tenant: TenantScope,
+}
+
+impl Caller {
+    /// The span a request's logs nest in. Made only when the request does
+    /// more than read the cache: a hit logs nothing but its access line,
+    /// which carries the same fields, and making the span was a tenth of a
+    /// hit's CPU (BENCHMARKS.md).
+    fn span(&self, endpoint: Endpoint) -> tracing::Span {
+        tracing::info_span!(
+            "request",
+            request_id = %self.request_id.to_str().unwrap_or_default(),
+            method = %"POST",
+            path = %format_args!("/v1{}", endpoint.path()),
+        )
+    }
+}
 
 pub async fn serve(
+    app: Arc<AppState>,
+    endpoint: Endpoint,
+    caller: Caller,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Bytes,
+) -> Result<Response, GatewayError> {
+    let seen = RequestBytes::of(endpoint, &caller.tenant, &headers, query.as_deref(), &body);
+    if let Some(derived) = seen.as_ref().and_then(|seen| app.memo.get(seen)) {
+        let raw = RawRequest {
+            endpoint,
+            headers,
+            query,
+            body,
+        };
+        return Ok(serve_derived(app, &derived, &caller, raw).await);
+    }
+    let span = caller.span(endpoint);
+    serve_parsed(app, endpoint, headers, query, body, seen)
+        .instrument(span)
+        .await
+}
+
+/// A request as it came, kept for the upstream call of a request the memo
+/// answered: parsed only if that call runs.
+#[derive(Debug)]
+struct RawRequest {
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Bytes,
+}
+
+impl RawRequest {
+    fn parse(&self, app: &AppState) -> Result<DedupRequest, GatewayError> {
+        DedupRequest::parse(
+            self.endpoint,
+            &self.headers,
+            self.query.as_deref(),
+            self.body.clone(),
+            &app.routes,
+            &app.upstream_names,
+            app.request_rules(),
+        )
+    }
+}
+
+/// A request seen before (`memo.rs`): the cache's answer when it has one,
+/// else the flight, whose upstream call parses the request when it runs.
+/// What it answers and counts is what `serve_parsed` would.
+async fn serve_derived(
+    app: Arc<AppState>,
+    derived: &Derived,
+    caller: &Caller,
+    raw: RawRequest,
+) -> Response {
+    let bill = &derived.bill;
+    if app.traces.is_some() {
+        crate::traces::record_request(&derived.model, &app.upstream_names[derived.upstream]);
+    }
+    let key = app.purges.key(
+        derived.key.clone(),
+        &derived.key.fingerprint,
+        &derived.model,
+        &bill.tenant,
+    );
+    let looked_up = if derived.policy.read {
+        app.coalescer.lookup(&key, derived.policy).await
+    } else {
+        Lookup::Absent
+    };
+    let served = match looked_up {
+        Lookup::Fresh(served) => Ok(served),
+        Lookup::Refresh(served) => {
+            let age = served.age.unwrap_or_default();
+            let loader = parsing_loader(app.clone(), raw, bill.clone());
+            app.coalescer.refresh_in_background(key, loader, age);
+            Ok(served)
+        }
+        Lookup::Absent => {
+            let loader = parsing_loader(app.clone(), raw, bill.clone());
+            app.coalescer
+                .fly(key, derived.policy, loader, None)
+                .instrument(caller.span(derived.endpoint))
+                .await
+                .map(|answer| match answer {
+                    Answer::Complete(served) => served,
+                    Answer::Live { .. } => unreachable!("no live log without a stream format"),
+                })
+        }
+    };
+    complete_response(
+        &app,
+        served,
+        bill,
+        derived.policy.revalidate,
+        &derived.fingerprint_header,
+        wire::of(derived.endpoint),
+    )
+}
+
+/// The upstream call of a flight started by a request served from the memo:
+/// the request is parsed (as it was when first seen, so it parses again)
+/// when the call runs, not by every caller that reads the cache.
+fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution) -> Loader {
+    let raw = Arc::new(raw);
+    let bill = Arc::new(bill);
+    Arc::new(move |_publisher| {
+        let app = app.clone();
+        let raw = raw.clone();
+        let bill = bill.clone();
+        Box::pin(async move {
+            let mut request = raw.parse(&app)?;
+            let outbound = outbound_of(&mut request);
+            call_upstream(&app, &outbound, request.wire, &bill).await
+        })
+    })
+}
+
+/// What goes upstream, moved out of the request, not copied: nothing reads it
+/// again, and a cache hit should not pay for the copies.
+fn outbound_of(request: &mut DedupRequest) -> Outbound {
+    Outbound {
+        upstream: request.upstream,
+        method: Method::POST,
+        path: Cow::Borrowed(request.endpoint.path()),
+        query: request.query.take(),
+        headers: std::mem::take(&mut request.forward_headers),
+        authorization: request.authorization.take(),
+        body: request.raw_body.clone(),
+    }
+}
+
+/// A request not in the memo: parsed, then served; remembered when the memo
+/// can answer its repeats.
+async fn serve_parsed(
     app: Arc<AppState>,
     endpoint: Endpoint,
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
+    seen: Option<RequestBytes>,
 ) -> Result<Response, GatewayError> {
     let mut request = DedupRequest::parse(
         endpoint,
@@ -55,20 +223,15 @@ pub async fn serve(
     )?;
     let fingerprint = request.fingerprint;
     let bill = attribution(&app, &request, &headers);
+    if let Some(seen) = seen
+        && let Some(derived) = Derived::of(&request, &bill)
+    {
+        app.memo.insert(seen, derived);
+    }
     if app.traces.is_some() {
         crate::traces::record_request(&request.model, &app.upstream_names[request.upstream]);
     }
-    // What goes upstream is moved out of the request, not copied: nothing
-    // below reads it again, and a cache hit should not pay for the copies.
-    let outbound = Outbound {
-        upstream: request.upstream,
-        method: Method::POST,
-        path: Cow::Borrowed(endpoint.path()),
-        query: request.query.take(),
-        headers: std::mem::take(&mut request.forward_headers),
-        authorization: request.authorization.take(),
-        body: request.raw_body.clone(),
-    };
+    let outbound = outbound_of(&mut request);
 
     if request.policy.bypass {
         let mut response = async {
@@ -117,10 +280,9 @@ pub async fn serve(
             }
             Err(error) => error.to_response_as(request.wire.error_shape()),
         };
-        response.headers_mut().insert(
-            HeaderName::from_static(FINGERPRINT_HEADER),
-            header_value(&fingerprint.hex()),
-        );
+        response
+            .headers_mut()
+            .insert(FINGERPRINT_HEADER_NAME, header_value(&fingerprint.hex()));
         return Ok(response);
     }
     // The key the answer lives under: the fingerprint, re-keyed by purges.
@@ -166,6 +328,25 @@ pub async fn serve(
         .coalescer
         .get_or_fetch(key, request.policy, loader)
         .await;
+    Ok(complete_response(
+        &app,
+        served,
+        &bill,
+        request.policy.revalidate,
+        &header_value(&fingerprint.hex()),
+        request.wire,
+    ))
+}
+
+/// A complete (not streamed) answer, or the error, as the caller's response.
+fn complete_response(
+    app: &AppState,
+    served: Result<Served, Arc<GatewayError>>,
+    bill: &Attribution,
+    revalidate: bool,
+    fingerprint: &HeaderValue,
+    wire: &dyn Wire,
+) -> Response {
     match served {
         Ok(Served {
             response: shared,
@@ -173,22 +354,28 @@ pub async fn serve(
             stored,
             age,
         }) => {
-            tracing::debug!(cache = status.as_str(), fingerprint = %fingerprint.short_hex(), "served");
-            app.metrics.served(&bill, status, shared.usage);
+            tracing::debug!(cache = status.as_str(), "served");
+            app.metrics.served(bill, status, shared.usage);
             if app.traces.is_some() {
                 crate::traces::record_answer(shared.usage, &shared.body);
             }
             let mut response = response_from(&shared);
-            set_status_headers(response.headers_mut(), &request, status, stored, age);
-            Ok(response)
+            write_status_headers(
+                response.headers_mut(),
+                fingerprint,
+                revalidate,
+                status,
+                stored,
+                age,
+            );
+            response
         }
         Err(error) => {
-            let mut response = error.to_response_as(request.wire.error_shape());
-            response.headers_mut().insert(
-                HeaderName::from_static(FINGERPRINT_HEADER),
-                header_value(&fingerprint.hex()),
-            );
-            Ok(response)
+            let mut response = error.to_response_as(wire.error_shape());
+            response
+                .headers_mut()
+                .insert(FINGERPRINT_HEADER_NAME, fingerprint.clone());
+            response
         }
     }
 }
@@ -282,7 +469,7 @@ async fn serve_stream(
         Err(error) => {
             let mut response = error.to_response_as(wire.error_shape());
             response.headers_mut().insert(
-                HeaderName::from_static(FINGERPRINT_HEADER),
+                FINGERPRINT_HEADER_NAME,
                 header_value(&request.fingerprint.hex()),
             );
             return Ok(response);
@@ -461,22 +648,30 @@ fn upstream_loader(
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
-        Box::pin(async move {
-            let buffered = app
-                .upstream
-                .call_buffered(&outbound, &bill.model)
-                .await
-                .map_err(|error| error.in_shape(wire.error_shape()))?;
-            let cacheable = wire.is_complete(&buffered.body);
-            let response = shared_response(buffered.status, &buffered.headers, buffered.body);
-            app.metrics.upstream_usage(&bill, response.usage);
-            Ok(Loaded {
-                response,
-                cacheable,
-                compute_time: buffered.elapsed,
-                events: Vec::new(),
-            })
-        })
+        Box::pin(async move { call_upstream(&app, &outbound, wire, &bill).await })
+    })
+}
+
+/// One buffered upstream call, counted once whoever waits on it.
+async fn call_upstream(
+    app: &AppState,
+    outbound: &Outbound,
+    wire: &'static dyn Wire,
+    bill: &Attribution,
+) -> Result<Loaded, GatewayError> {
+    let buffered = app
+        .upstream
+        .call_buffered(outbound, &bill.model)
+        .await
+        .map_err(|error| error.in_shape(wire.error_shape()))?;
+    let cacheable = wire.is_complete(&buffered.body);
+    let response = shared_response(buffered.status, &buffered.headers, buffered.body);
+    app.metrics.upstream_usage(bill, response.usage);
+    Ok(Loaded {
+        response,
+        cacheable,
+        compute_time: buffered.elapsed,
+        events: Vec::new(),
     })
 }
 
@@ -500,10 +695,17 @@ fn shared_response(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Stor
     }
 }
 
+/// The response headers a served answer ends up with at most: the shared
+/// ones, the four status headers, the request id, `content-length`.
+const RESPONSE_HEADERS_CAPACITY: usize = 12;
+
 fn response_from(shared: &StoredResponse) -> Response {
-    let mut response = (shared.status, Body::from(shared.body.clone())).into_response();
+    let mut response = Response::new(Body::from(shared.body.clone()));
+    *response.status_mut() = shared.status;
+    let headers = response.headers_mut();
+    headers.reserve(RESPONSE_HEADERS_CAPACITY);
     for (name, value) in &shared.headers {
-        response.headers_mut().insert(name.clone(), value.clone());
+        headers.insert(name.clone(), value.clone());
     }
     response
 }
@@ -516,19 +718,31 @@ fn set_status_headers(
     stored: bool,
     age: Option<Duration>,
 ) {
-    headers.insert(
-        HeaderName::from_static(FINGERPRINT_HEADER),
-        header_value(&request.fingerprint.hex()),
+    write_status_headers(
+        headers,
+        &header_value(&request.fingerprint.hex()),
+        request.policy.revalidate,
+        status,
+        stored,
+        age,
     );
-    headers.insert(
-        HeaderName::from_static(CACHE_HEADER),
-        HeaderValue::from_static(status.as_str()),
-    );
+}
+
+fn write_status_headers(
+    headers: &mut HeaderMap,
+    fingerprint: &HeaderValue,
+    revalidate: bool,
+    status: CacheStatus,
+    stored: bool,
+    age: Option<Duration>,
+) {
+    headers.insert(FINGERPRINT_HEADER_NAME, fingerprint.clone());
+    headers.insert(CACHE_HEADER_NAME, HeaderValue::from_static(status.as_str()));
     let cache_status = match (status, stored) {
         (CacheStatus::Hit, _) => "corral; hit",
         (CacheStatus::Stale, _) => "corral; hit; fwd=stale",
-        (CacheStatus::Miss, true) if request.policy.revalidate => "corral; fwd=request; stored",
-        (CacheStatus::Miss, false) if request.policy.revalidate => "corral; fwd=request",
+        (CacheStatus::Miss, true) if revalidate => "corral; fwd=request; stored",
+        (CacheStatus::Miss, false) if revalidate => "corral; fwd=request",
         (CacheStatus::Miss, true) => "corral; fwd=miss; stored",
         (CacheStatus::Miss, false) => "corral; fwd=miss",
         (CacheStatus::Coalesced, true) => "corral; fwd=miss; collapsed; stored",
@@ -537,7 +751,7 @@ fn set_status_headers(
         (CacheStatus::Retry, _) => "corral; hit; detail=retry",
     };
     headers.insert(
-        HeaderName::from_static("cache-status"),
+        CACHE_STATUS_HEADER_NAME,
         HeaderValue::from_static(cache_status),
     );
     if let Some(age) = age {

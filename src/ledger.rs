@@ -143,6 +143,13 @@ pub enum Account {
 }
 
 impl Account {
+    pub fn requests(endpoint: &str, cache: &str) -> Self {
+        Self::Requests {
+            endpoint: endpoint.into(),
+            cache: cache.into(),
+        }
+    }
+
     /// Money accounts hold picodollars (nanodollars in Redis).
     pub fn is_money(&self) -> bool {
         matches!(

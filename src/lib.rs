@@ -17,6 +17,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod ledger;
 pub mod limits;
+pub mod memo;
 pub mod metrics;
 pub mod passthrough;
 pub mod pricing;

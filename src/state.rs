@@ -65,6 +65,8 @@ pub struct AppState {
     pub ledger: Option<Arc<dyn LedgerStore>>,
     /// Purge generations: the key every answer is stored and read under.
     pub purges: Arc<Purges>,
+    /// What requests seen before derive to, so their repeats skip the parse.
+    pub memo: crate::memo::RequestMemo,
     /// Cancelled as soon as shutdown begins: `/readyz` answers 503 from then on.
     pub draining: CancellationToken,
     /// Trace export (`telemetry.otlp`); `None`: off, nothing built, nothing paid.
@@ -198,6 +200,7 @@ impl AppState {
             cluster,
             ledger,
             purges,
+            memo: crate::memo::RequestMemo::default(),
             draining: CancellationToken::new(),
             retry_window,
             clock,

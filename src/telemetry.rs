@@ -71,6 +71,10 @@ impl Drop for LogGuard {
 /// already (a second init in tests keeps the first).
 pub fn init(format: LogFormat) -> Option<LogGuard> {
     let (writer, guard) = batched(io::stderr());
+    let access = AccessLog {
+        writer: writer.clone(),
+        format,
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = fmt()
@@ -82,7 +86,162 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    installed.ok().map(|()| guard)
+    let guard = installed.ok().map(|()| guard)?;
+    let _ = ACCESS_LOG.set(access);
+    Some(guard)
+}
+
+/// The access log, once `init` installed the subscriber; `None` before (a
+/// library user's own subscriber, tests), where the line goes through
+/// `tracing` instead.
+pub fn access_log() -> Option<&'static AccessLog> {
+    ACCESS_LOG.get()
+}
+
+static ACCESS_LOG: OnceLock<AccessLog> = OnceLock::new();
+
+/// One line per request, formatted here and appended to the log's batch.
+///
+/// Why not a `tracing` event like every other line: the fmt layer formats
+/// each field through `Debug`/`Display` visitors, the span's fields and an
+/// ANSI-aware timestamp, which made the line cost about as much CPU as a
+/// cached hit's own work (BENCHMARKS.md, "The hit path near the bare hop").
+/// The line has the layout the fmt layer gives every other line (text: the
+/// `request` span's fields, then the event's; JSON: `span` and `spans` as
+/// the JSON formatter writes them), so one parser reads both.
+#[derive(Clone)]
+pub struct AccessLog {
+    writer: BatchWriter,
+    format: LogFormat,
+}
+
+/// What one access-log line says.
+#[derive(Debug, Clone, Copy)]
+pub struct AccessLine<'a> {
+    pub request_id: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub cache: &'a str,
+    pub fingerprint: &'a str,
+    pub latency: Duration,
+}
+
+thread_local! {
+    /// The line being formatted; reused, so a line allocates nothing.
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl AccessLog {
+    pub fn write(&self, line: &AccessLine<'_>) {
+        LINE.with_borrow_mut(|buffer| {
+            buffer.clear();
+            match self.format {
+                LogFormat::Text => text_line(buffer, line),
+                LogFormat::Json => json_line(buffer, line),
+            }
+            let _ = self.writer.make_writer().write(buffer);
+            if buffer.capacity() > 4096 {
+                *buffer = Vec::new();
+            }
+        });
+    }
+}
+
+/// Milliseconds with three decimals, from whole microseconds (no float formatting).
+fn write_latency_ms(out: &mut Vec<u8>, latency: Duration) {
+    let micros = latency.as_micros();
+    let mut digits = itoa::Buffer::new();
+    out.extend_from_slice(digits.format(micros / 1000).as_bytes());
+    out.push(b'.');
+    let fraction = (micros % 1000) as u16;
+    out.extend_from_slice(&[
+        b'0' + (fraction / 100) as u8,
+        b'0' + (fraction / 10 % 10) as u8,
+        b'0' + (fraction % 10) as u8,
+    ]);
+}
+
+/// RFC 3339 UTC with microseconds, as the fmt layer writes it. The part up
+/// to the second is formatted once a second per thread, not once a line.
+fn timestamp(out: &mut Vec<u8>) {
+    thread_local! {
+        static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+    }
+    let now = std::time::SystemTime::now();
+    let since_epoch = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let second = since_epoch.as_secs();
+    let (cached, mut prefix) = SECOND.get();
+    if cached != second {
+        let mut text = Vec::with_capacity(32);
+        let _ = write!(text, "{}", humantime::format_rfc3339_seconds(now));
+        // `2026-12-03T18:33:55Z`: the 19 bytes before the `Z`.
+        if let Some(head) = text.get(..19) {
+            prefix.copy_from_slice(head);
+        }
+        SECOND.set((second, prefix));
+    }
+    out.extend_from_slice(&prefix);
+    out.push(b'.');
+    let micros = since_epoch.subsec_micros();
+    let mut digits = [b'0'; 6];
+    let mut rest = micros;
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    out.extend_from_slice(&digits);
+    out.push(b'Z');
+}
+
+fn text_line(out: &mut Vec<u8>, line: &AccessLine<'_>) {
+    timestamp(out);
+    out.extend_from_slice(b"  INFO request{request_id=");
+    out.extend_from_slice(line.request_id.as_bytes());
+    out.extend_from_slice(b" method=");
+    out.extend_from_slice(line.method.as_bytes());
+    out.extend_from_slice(b" path=");
+    out.extend_from_slice(line.path.as_bytes());
+    out.extend_from_slice(b"}: request status=");
+    out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
+    out.extend_from_slice(b" cache=\"");
+    out.extend_from_slice(line.cache.as_bytes());
+    out.extend_from_slice(b"\" fingerprint=\"");
+    out.extend_from_slice(line.fingerprint.as_bytes());
+    out.extend_from_slice(b"\" latency_ms=");
+    write_latency_ms(out, line.latency);
+    out.push(b'\n');
+}
+
+fn json_line(out: &mut Vec<u8>, line: &AccessLine<'_>) {
+    let string = |out: &mut Vec<u8>, text: &str| {
+        let _ = serde_json::to_writer(&mut *out, text);
+    };
+    out.extend_from_slice(b"{\"timestamp\":\"");
+    timestamp(out);
+    out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\",\"status\":");
+    out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
+    out.extend_from_slice(b",\"cache\":");
+    string(out, line.cache);
+    out.extend_from_slice(b",\"fingerprint\":");
+    string(out, line.fingerprint);
+    out.extend_from_slice(b",\"latency_ms\":");
+    write_latency_ms(out, line.latency);
+    let span_at = out.len();
+    out.extend_from_slice(b",\"span\":{\"method\":");
+    string(out, line.method);
+    out.extend_from_slice(b",\"path\":");
+    string(out, line.path);
+    out.extend_from_slice(b",\"request_id\":");
+    string(out, line.request_id);
+    out.extend_from_slice(b",\"name\":\"request\"}");
+    // `spans`: the same object, as the only entry of the span list.
+    let span = out[span_at + b",\"span\":".len()..].to_vec();
+    out.extend_from_slice(b",\"spans\":[");
+    out.extend_from_slice(&span);
+    out.extend_from_slice(b"]}\n");
 }
 
 /// A [`MakeWriter`] whose lines go into the shared batch.
@@ -350,5 +509,65 @@ mod tests {
         assert_eq!(reported, dropped, "every dropped line is reported");
         let kept = written.lines().filter(|line| line.starts_with('x')).count();
         assert_eq!(kept, sent - dropped, "only the dropped lines are missing");
+    }
+
+    fn line() -> AccessLine<'static> {
+        AccessLine {
+            request_id: "req-\"7\"",
+            method: "POST",
+            path: "/v1/chat/completions",
+            status: 200,
+            cache: "HIT",
+            fingerprint: "0123456789ab",
+            latency: Duration::from_micros(1_234_567),
+        }
+    }
+
+    #[test]
+    fn a_text_access_line_reads_as_the_fmt_layers_lines_do() {
+        let mut out = Vec::new();
+        text_line(&mut out, &line());
+        let text = String::from_utf8(out).unwrap();
+        let (stamp, rest) = text.split_once("  ").unwrap();
+        assert!(
+            humantime::parse_rfc3339(stamp).is_ok() && stamp.len() == 27,
+            "{stamp}"
+        );
+        assert_eq!(
+            rest,
+            "INFO request{request_id=req-\"7\" method=POST path=/v1/chat/completions}: \
+             request status=200 cache=\"HIT\" fingerprint=\"0123456789ab\" latency_ms=1234.567\n"
+        );
+    }
+
+    #[test]
+    fn a_json_access_line_is_one_object_with_its_span() {
+        let mut out = Vec::new();
+        json_line(&mut out, &line());
+        assert_eq!(out.last(), Some(&b'\n'));
+        let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(value["level"], "INFO");
+        assert_eq!(value["message"], "request");
+        assert_eq!(value["status"], 200);
+        assert_eq!(value["cache"], "HIT");
+        assert_eq!(value["latency_ms"], 1234.567);
+        assert_eq!(value["span"]["request_id"], "req-\"7\"");
+        assert_eq!(value["span"]["path"], "/v1/chat/completions");
+        assert_eq!(value["spans"][0], value["span"]);
+        assert!(humantime::parse_rfc3339(value["timestamp"].as_str().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn latency_keeps_three_decimals_of_a_millisecond() {
+        for (micros, text) in [
+            (0, "0.000"),
+            (7, "0.007"),
+            (1_000, "1.000"),
+            (61_050, "61.050"),
+        ] {
+            let mut out = Vec::new();
+            write_latency_ms(&mut out, Duration::from_micros(micros));
+            assert_eq!(String::from_utf8(out).unwrap(), text);
+        }
     }
 }

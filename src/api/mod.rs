@@ -19,12 +19,15 @@ use axum::{
     routing::{any, get, post},
 };
 use bytes::Bytes;
+use tower::Layer as _;
 
 use crate::{error::GatewayError, state::AppState};
 
-pub fn router(state: Arc<AppState>) -> Router {
+/// The whole API: the router inside the request pipeline, which takes every
+/// request first (and serves the deduplicated endpoints' `POST`s itself).
+pub fn router(state: Arc<AppState>) -> pipeline::Pipeline<Router> {
     let body_limit = state.config.limits.max_body_bytes;
-    Router::new()
+    let routes = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(chat::completions))
         .route("/v1/embeddings", post(chat::embeddings))
@@ -46,10 +49,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         ))
         .fallback(proxy::unknown_path)
         .layer(DefaultBodyLimit::max(body_limit))
-        // Outermost: every response, errors and fallbacks included, is
-        // counted and gets the request id; admission runs inside it.
-        .layer(pipeline::PipelineLayer::new(state.clone()))
-        .with_state(state)
+        .with_state(state.clone());
+    // Outermost, before routing: every response, errors and fallbacks
+    // included, is counted and gets the request id; admission runs inside it.
+    pipeline::PipelineLayer::new(state).layer(routes)
 }
 
 /// The body, or the OpenAI-style error for a body that is too large or unreadable.

@@ -13,7 +13,10 @@
 
 use std::{
     convert::Infallible,
-    sync::Arc,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -21,9 +24,10 @@ use std::{
 use axum::{
     body::Body,
     extract::Request,
-    http::{HeaderName, HeaderValue},
+    http::{HeaderName, HeaderValue, Method, request::Parts},
     response::Response,
 };
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use opentelemetry::context::FutureExt as _;
@@ -31,15 +35,20 @@ use tokio::sync::OwnedSemaphorePermit;
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::Instrument;
 
+use super::chat;
 use crate::{
-    dedup::{CACHE_HEADER, FINGERPRINT_HEADER},
+    dedup::{CACHE_HEADER_NAME, Caller, FINGERPRINT_HEADER_NAME},
     error::{ErrorShape, GatewayError},
     fingerprint::Endpoint,
     state::AppState,
+    telemetry::{self, AccessLine},
+    tenant::TenantScope,
     traces,
 };
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// As a name: a lookup by `&str` parses the name first, every time.
+const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
@@ -78,10 +87,12 @@ pub struct Pipeline<S> {
     app: Arc<AppState>,
 }
 
-impl<S> Service<Request> for Pipeline<S>
+impl<S, B> Service<http::Request<B>> for Pipeline<S>
 where
     S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    B: axum::body::HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
 {
     type Response = Response;
     type Error = Infallible;
@@ -91,28 +102,38 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let request = request.map(Body::new);
         // The clone is the one `poll_ready` was not called on; keep the ready one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let app = self.app.clone();
         let started = Instant::now();
         let id = request_id(&request);
-        let path = request.uri().path();
+        let method = request.method().clone();
+        // The URI is shared bytes: keeping it for the access line copies nothing.
+        let uri = request.uri().clone();
+        let path = uri.path();
         let endpoint = endpoint_of(path);
         let admitted = path.starts_with("/v1/");
         // A refusal is answered in the shape the route's clients parse.
         let shape = ErrorShape::for_path(path);
-        // The path only: a query string may carry anything. The request's
-        // cache status and fingerprint are on its summary line, and a flight's
-        // logs carry its fingerprint: one span is all the hit path pays for.
-        let span = tracing::info_span!(
-            "request",
-            request_id = %id.to_str().unwrap_or_default(),
-            method = %request.method(),
-            path = %path,
-        );
-        let in_span = span.clone();
+        // The deduplicated endpoints' `POST`s go to their handler from here,
+        // past the router and its boxing, with the body admission read.
+        let direct = endpoint.filter(|_| method == Method::POST);
+        // Every other request runs in its `request` span; a deduplicated one
+        // makes its span only when it does more than read the cache
+        // (`dedup::Caller::span`). The path only: a query string may carry anything.
+        let span = if direct.is_some() {
+            tracing::Span::none()
+        } else {
+            tracing::info_span!(
+                "request",
+                request_id = %id.to_str().unwrap_or_default(),
+                method = %method,
+                path = %path,
+            )
+        };
         // With traces on, an API request's server span (continuing the
         // caller's `traceparent`) is the context it runs in; probes, scrapes
         // and the dashboard are not traced. Off, nothing.
@@ -129,10 +150,33 @@ where
         let serve = async move {
             let mut response = if admitted {
                 match admit(&app, request).await {
-                    Ok((request, permit)) => {
-                        let response = inner.oneshot(request).await;
-                        drop(permit);
-                        response.unwrap_or_else(|never| match never {})
+                    Ok(admitted) => {
+                        let caller = Caller {
+                            request_id: id.clone(),
+                            tenant: admitted.tenant,
+                        };
+                        let response = match direct {
+                            Some(endpoint) => {
+                                chat::serve_admitted(
+                                    app.clone(),
+                                    endpoint,
+                                    caller,
+                                    admitted.parts,
+                                    admitted.body,
+                                )
+                                .await
+                            }
+                            None => {
+                                let request =
+                                    Request::from_parts(admitted.parts, Body::from(admitted.body));
+                                inner
+                                    .oneshot(request)
+                                    .await
+                                    .unwrap_or_else(|never| match never {})
+                            }
+                        };
+                        drop(admitted.permit);
+                        response
                     }
                     Err(error) => error.to_response_as(shape),
                 }
@@ -142,16 +186,22 @@ where
                     .await
                     .unwrap_or_else(|never| match never {})
             };
-            record(&app, &span, endpoint, &response, started.elapsed());
+            record(
+                &app,
+                &id,
+                &method,
+                uri.path(),
+                endpoint,
+                &response,
+                started.elapsed(),
+            );
             if is_traced {
                 response = finish_trace(response, endpoint.is_some());
             }
-            response
-                .headers_mut()
-                .insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
+            response.headers_mut().insert(REQUEST_ID_HEADER_NAME, id);
             Ok(response)
         }
-        .instrument(in_span);
+        .instrument(span);
         match traced {
             None => Box::pin(serve),
             Some(context) => Box::pin(serve.with_context(context)),
@@ -168,10 +218,10 @@ fn finish_trace(response: Response, deduplicated: bool) -> Response {
             .get(name)
             .and_then(|v: &HeaderValue| v.to_str().ok())
     };
-    let cache = text(CACHE_HEADER)
+    let cache = text(CACHE_HEADER_NAME)
         .or(deduplicated.then_some("ERROR"))
         .map(str::to_owned);
-    let fingerprint = text(FINGERPRINT_HEADER).map(str::to_owned);
+    let fingerprint = text(FINGERPRINT_HEADER_NAME).map(str::to_owned);
     traces::finish_request(response, cache.as_deref(), fingerprint.as_deref())
 }
 
@@ -179,35 +229,50 @@ fn finish_trace(response: Response, deduplicated: bool) -> Response {
 /// access-log line.
 fn record(
     app: &AppState,
-    span: &tracing::Span,
+    id: &HeaderValue,
+    method: &Method,
+    path: &str,
     endpoint: Option<Endpoint>,
     response: &Response,
     elapsed: Duration,
 ) {
     let headers = response.headers();
     let cache = headers
-        .get(CACHE_HEADER)
+        .get(CACHE_HEADER_NAME)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("ERROR");
     if let Some(endpoint) = endpoint {
         app.metrics.request(endpoint.label(), cache, elapsed);
     }
-    if app.config.log.requests {
+    if app.config.log.requests && tracing::enabled!(tracing::Level::INFO) {
         let fingerprint = headers
-            .get(FINGERPRINT_HEADER)
+            .get(FINGERPRINT_HEADER_NAME)
             .and_then(|v| v.to_str().ok())
             .map(|hex| &hex[..hex.len().min(FINGERPRINT_PREFIX)])
             .unwrap_or("-");
-        let cache = if endpoint.is_some() { cache } else { "-" };
-        span.in_scope(|| {
-            tracing::info!(
-                status = response.status().as_u16(),
-                cache,
-                fingerprint,
+        let line = AccessLine {
+            request_id: id.to_str().unwrap_or_default(),
+            method: method.as_str(),
+            path,
+            status: response.status().as_u16(),
+            cache: if endpoint.is_some() { cache } else { "-" },
+            fingerprint,
+            latency: elapsed,
+        };
+        match telemetry::access_log() {
+            Some(log) => log.write(&line),
+            // No corral subscriber (a library user's own, tests): an event.
+            None => tracing::info!(
+                request_id = line.request_id,
+                method = line.method,
+                path = line.path,
+                status = line.status,
+                cache = line.cache,
+                fingerprint = line.fingerprint,
                 latency_ms = elapsed.as_secs_f64() * 1000.0,
                 "request"
-            );
-        });
+            ),
+        }
     }
 }
 
@@ -216,7 +281,7 @@ fn record(
 fn request_id(request: &Request) -> HeaderValue {
     request
         .headers()
-        .get(REQUEST_ID_HEADER)
+        .get(REQUEST_ID_HEADER_NAME)
         .filter(|id| {
             let bytes = id.as_bytes();
             !bytes.is_empty()
@@ -224,12 +289,20 @@ fn request_id(request: &Request) -> HeaderValue {
                 && bytes.iter().all(|b| b.is_ascii_graphic())
         })
         .cloned()
-        .unwrap_or_else(|| {
-            let mut id = [0u8; 32];
-            hex::encode_to_slice(rand::random::<u128>().to_be_bytes(), &mut id)
-                .expect("32 hex digits for 16 bytes");
-            HeaderValue::from_bytes(&id).expect("hex is a valid header value")
-        })
+        .unwrap_or_else(fresh_request_id)
+}
+
+/// 32 hex digits: this process's random half, then a count. Unique without
+/// a random draw per request; an id names a request, it guards nothing.
+fn fresh_request_id() -> HeaderValue {
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let process = *PROCESS.get_or_init(rand::random::<u64>);
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    let id = (u128::from(process) << 64) | u128::from(count);
+    let mut text = [0u8; 32];
+    hex::encode_to_slice(id.to_be_bytes(), &mut text).expect("32 hex digits for 16 bytes");
+    HeaderValue::from_bytes(&text).expect("hex is a valid header value")
 }
 
 fn endpoint_of(path: &str) -> Option<Endpoint> {
@@ -238,46 +311,50 @@ fn endpoint_of(path: &str) -> Option<Endpoint> {
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
 }
 
+/// A request past admission: its head, its whole body, its place among the
+/// requests served at once, and its caller's tenant.
+struct Admitted {
+    parts: Parts,
+    body: Bytes,
+    permit: Option<OwnedSemaphorePermit>,
+    tenant: TenantScope,
+}
+
 /// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
 /// body (bounded in size and time), all before any parsing.
-async fn admit(
-    app: &AppState,
-    request: Request,
-) -> Result<(Request, Option<OwnedSemaphorePermit>), GatewayError> {
+async fn admit(app: &AppState, request: Request) -> Result<Admitted, GatewayError> {
     let permit = app.limits.admit()?;
     let tenant = app.auth.authenticate(request.headers())?;
     app.limits.check_tenant(&tenant)?;
-    let request = read_body(
-        request,
+    let (parts, body) = request.into_parts();
+    let body = read_body(
+        body,
         app.config.limits.max_body_bytes,
         app.config.server.body_read_timeout,
     )
     .await?;
-    Ok((request, permit))
+    Ok(Admitted {
+        parts,
+        body,
+        permit,
+        tenant,
+    })
 }
 
 /// Reads the whole body under a size limit and a deadline, so no handler
 /// ever waits on a slow client.
-async fn read_body(
-    request: Request,
-    limit: usize,
-    deadline: Duration,
-) -> Result<Request, GatewayError> {
-    let (parts, body) = request.into_parts();
+async fn read_body(body: Body, limit: usize, deadline: Duration) -> Result<Bytes, GatewayError> {
     let collected = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
-    let bytes = match collected {
-        Err(_) => return Err(GatewayError::BodyTimeout { timeout: deadline }),
+    match collected {
+        Err(_) => Err(GatewayError::BodyTimeout { timeout: deadline }),
         Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return Err(GatewayError::BodyTooLarge { limit });
+            Err(GatewayError::BodyTooLarge { limit })
         }
-        Ok(Err(err)) => {
-            return Err(GatewayError::invalid(format!(
-                "could not read the request body: {err}"
-            )));
-        }
-        Ok(Ok(collected)) => collected.to_bytes(),
-    };
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+        Ok(Err(err)) => Err(GatewayError::invalid(format!(
+            "could not read the request body: {err}"
+        ))),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
 }
 
 #[cfg(test)]

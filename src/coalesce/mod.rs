@@ -87,6 +87,18 @@ pub enum Answer {
     Live { log: StreamLog, status: CacheStatus },
 }
 
+/// What the cache holds for a request (`Coalescer::lookup`).
+#[derive(Debug)]
+pub enum Lookup {
+    /// A fresh entry: serve it.
+    Fresh(Served),
+    /// Serve it, and refresh it in the background: stale, or fresh but
+    /// chosen for an early refresh (XFetch).
+    Refresh(Served),
+    /// Nothing usable: the request needs a flight.
+    Absent,
+}
+
 #[derive(Debug, Clone)]
 pub struct Served {
     pub response: Arc<StoredResponse>,
@@ -165,32 +177,56 @@ impl Coalescer {
         loader: Loader,
         live: Option<Format>,
     ) -> Result<Answer, Arc<GatewayError>> {
-        let fingerprint = key.fingerprint;
-        if policy.read
-            && let Some(entry) = self.context.cache.get(&key).await
-        {
-            let now = self.context.clock.now_ms();
-            match Freshness::of(&entry, now, policy.max_age) {
-                Freshness::Fresh => {
-                    // XFetch: near the soft expiry, refresh early with rising probability.
-                    let beta = self.context.early_refresh_beta;
-                    if should_refresh_early(&entry, now, beta, rand::rng().random_range(0.0..1.0)) {
-                        self.refresh_in_background(key, loader, entry.age(now));
-                    }
-                    return Ok(Answer::Complete(served_from(&entry, CacheStatus::Hit, now)));
+        if policy.read {
+            match self.lookup(&key, policy).await {
+                Lookup::Fresh(served) => return Ok(Answer::Complete(served)),
+                Lookup::Refresh(served) => {
+                    let age = served.age.unwrap_or_default();
+                    self.refresh_in_background(key, loader, age);
+                    return Ok(Answer::Complete(served));
                 }
-                Freshness::Stale => {
-                    self.refresh_in_background(key, loader, entry.age(now));
-                    return Ok(Answer::Complete(served_from(
-                        &entry,
-                        CacheStatus::Stale,
-                        now,
-                    )));
-                }
-                Freshness::Unusable => {}
+                Lookup::Absent => {}
             }
         }
+        self.fly(key, policy, loader, live).await
+    }
 
+    /// The cache's answer for `key` under `policy`, without a flight: what
+    /// `answer` serves before it looks for one. The caller of a `Refresh`
+    /// starts the refresh (`refresh_in_background`), so a caller that has no
+    /// loader at hand yet builds one only then.
+    pub async fn lookup(&self, key: &CacheKey, policy: CachePolicy) -> Lookup {
+        let Some(entry) = self.context.cache.get(key).await else {
+            return Lookup::Absent;
+        };
+        let now = self.context.clock.now_ms();
+        match Freshness::of(&entry, now, policy.max_age) {
+            Freshness::Fresh => {
+                let served = served_from(&entry, CacheStatus::Hit, now);
+                // XFetch: near the soft expiry, refresh early with rising probability.
+                let beta = self.context.early_refresh_beta;
+                if should_refresh_early(&entry, now, beta, rand::rng().random_range(0.0..1.0)) {
+                    Lookup::Refresh(served)
+                } else {
+                    Lookup::Fresh(served)
+                }
+            }
+            Freshness::Stale => Lookup::Refresh(served_from(&entry, CacheStatus::Stale, now)),
+            Freshness::Unusable => Lookup::Absent,
+        }
+    }
+
+    /// Shares or starts the flight for `key`, without reading the cache
+    /// first (the caller did: `lookup`). Every wait is bounded by
+    /// `coalesce.wait_timeout`.
+    pub async fn fly(
+        &self,
+        key: CacheKey,
+        policy: CachePolicy,
+        loader: Loader,
+        live: Option<Format>,
+    ) -> Result<Answer, Arc<GatewayError>> {
+        let fingerprint = key.fingerprint;
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         for _ in 0..MAX_ELECTIONS {
             let joined = self.flights.join(
@@ -292,7 +328,7 @@ impl Coalescer {
     /// Starts one refresh of an entry `age` old, unless a flight for it runs
     /// already. The flight's double-check accepts only a younger entry (one
     /// another instance refreshed meanwhile), never the one being replaced.
-    fn refresh_in_background(&self, key: CacheKey, loader: Loader, age: Duration) {
+    pub fn refresh_in_background(&self, key: CacheKey, loader: Loader, age: Duration) {
         if let Some(guard) = self.flights.start_unattended(key.fingerprint) {
             let policy = CachePolicy {
                 read: true,

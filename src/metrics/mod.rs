@@ -29,7 +29,7 @@ mod stats;
 
 use std::{
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, OnceLock, PoisonError},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -121,6 +121,14 @@ struct SavedLabels {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// One endpoint and cache status's request counter, latency histogram and
+/// ledger account (clones that count into the families' own series).
+struct RequestSeries {
+    count: Counter,
+    duration: Histogram,
+    account: Account,
+}
+
 /// 5 ms to ~80 s: a cache hit to a long completion.
 fn request_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
@@ -184,6 +192,10 @@ struct Inner {
     started_at_ms: u64,
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RequestLabels>,
+    /// Per endpoint and cache status (`ENDPOINT_LABELS` x `CACHE_LABELS`):
+    /// the series a finished request counts into, found once. A family
+    /// lookup hashes its labels under a lock on every request.
+    request_series: Box<[OnceLock<RequestSeries>]>,
     upstream_requests: Family<UpstreamCallLabels, Counter>,
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
@@ -323,6 +335,9 @@ impl Metrics {
                 started_at_ms,
                 requests,
                 request_duration,
+                request_series: (0..ENDPOINT_LABELS.len() * CACHE_LABELS.len())
+                    .map(|_| OnceLock::new())
+                    .collect(),
                 upstream_requests,
                 upstream_retries,
                 upstream_duration,
@@ -358,18 +373,30 @@ impl Metrics {
             .find(|known| *known == cache)
             .unwrap_or("ERROR");
         let labels = RequestLabels { endpoint, cache };
-        self.inner.requests.get_or_create(&labels).inc();
-        self.inner
-            .request_duration
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
-        self.inner.books.post([(
-            Account::Requests {
-                endpoint: endpoint.into(),
-                cache: cache.into(),
-            },
-            1,
-        )]);
+        let at = ENDPOINT_LABELS
+            .iter()
+            .position(|known| *known == endpoint)
+            .zip(CACHE_LABELS.iter().position(|known| *known == cache))
+            .map(|(e, c)| e * CACHE_LABELS.len() + c);
+        let Some(at) = at else {
+            self.inner.requests.get_or_create(&labels).inc();
+            self.inner
+                .request_duration
+                .get_or_create(&labels)
+                .observe(elapsed.as_secs_f64());
+            self.inner
+                .books
+                .post([(Account::requests(endpoint, cache), 1)]);
+            return;
+        };
+        let series = self.inner.request_series[at].get_or_init(|| RequestSeries {
+            count: self.inner.requests.get_or_create(&labels).clone(),
+            duration: self.inner.request_duration.get_or_create(&labels).clone(),
+            account: Account::requests(endpoint, cache),
+        });
+        series.count.inc();
+        series.duration.observe(elapsed.as_secs_f64());
+        self.inner.books.post([(series.account.clone(), 1)]);
     }
 
     /// One upstream call, all its attempts together: `status` is the final

@@ -44,6 +44,11 @@ impl ModelLabel {
         &self.name
     }
 
+    #[cfg(test)]
+    pub(crate) fn for_tests(name: &str) -> Self {
+        Self::new(name, None)
+    }
+
     /// The name as a metric label: shared, so a per-request lookup allocates nothing.
     pub(crate) fn shared_name(&self) -> Arc<str> {
         self.name.clone()

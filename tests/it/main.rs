@@ -20,6 +20,7 @@ mod edges;
 mod embeddings;
 mod fuzz_corpora;
 mod logs;
+mod memo;
 mod metrics;
 mod module_graph;
 mod operate;

@@ -29,7 +29,15 @@ fn request(path: &str, body: &Bytes) -> Request<Body> {
 }
 
 /// Sends `iters` requests one after the other and returns the time they took.
-async fn run(router: &Router, path: &str, body: &Bytes, iters: u64) -> std::time::Duration {
+/// `router`: corral's API (its pipeline in front of its router) or the bare one.
+async fn run<S>(router: &S, path: &str, body: &Bytes, iters: u64) -> std::time::Duration
+where
+    S: tower::Service<
+            Request<Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone,
+{
     let started = Instant::now();
     for _ in 0..iters {
         let response = router
