@@ -720,8 +720,8 @@ impl Bench {
         // Many short rounds, each in a rotated order: this machine's speed
         // drifts over tens of seconds (shared cores), and a server always
         // measured right after another would carry that one's wake.
-        let rounds = self.scaled(6, 1);
-        let duration = self.seconds(4, 1);
+        let rounds = self.scaled(8, 1);
+        let duration = self.seconds(3, 1);
         let (threads, connections) = (2, 64);
         let mut runs: BTreeMap<&str, Vec<wrk::WrkReport>> = BTreeMap::new();
         let servers = [
