@@ -219,26 +219,39 @@ fn json_line(out: &mut Vec<u8>, line: &AccessLine<'_>) {
     let string = |out: &mut Vec<u8>, text: &str| {
         let _ = serde_json::to_writer(&mut *out, text);
     };
+    let fields = |out: &mut Vec<u8>, pairs: &[(&str, &str)]| {
+        for (name, value) in pairs {
+            out.push(b',');
+            string(out, name);
+            out.push(b':');
+            string(out, value);
+        }
+    };
     out.extend_from_slice(b"{\"timestamp\":\"");
     timestamp(out);
     out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\",\"status\":");
     out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
-    out.extend_from_slice(b",\"cache\":");
-    string(out, line.cache);
-    out.extend_from_slice(b",\"fingerprint\":");
-    string(out, line.fingerprint);
+    fields(
+        out,
+        &[("cache", line.cache), ("fingerprint", line.fingerprint)],
+    );
     out.extend_from_slice(b",\"latency_ms\":");
     write_latency_ms(out, line.latency);
-    let span_at = out.len();
-    out.extend_from_slice(b",\"span\":{\"method\":");
-    string(out, line.method);
-    out.extend_from_slice(b",\"path\":");
-    string(out, line.path);
-    out.extend_from_slice(b",\"request_id\":");
-    string(out, line.request_id);
-    out.extend_from_slice(b",\"name\":\"request\"}");
+    const SPAN: &[u8] = b",\"span\":";
+    let span_at = out.len() + SPAN.len();
+    out.extend_from_slice(SPAN);
+    out.extend_from_slice(b"{\"name\":\"request\"");
+    fields(
+        out,
+        &[
+            ("method", line.method),
+            ("path", line.path),
+            ("request_id", line.request_id),
+        ],
+    );
+    out.push(b'}');
     // `spans`: the same object, as the only entry of the span list.
-    let span = out[span_at + b",\"span\":".len()..].to_vec();
+    let span = out[span_at..].to_vec();
     out.extend_from_slice(b",\"spans\":[");
     out.extend_from_slice(&span);
     out.extend_from_slice(b"]}\n");
