@@ -35,3 +35,4 @@ mod slowloris;
 mod streaming;
 mod swr;
 mod traces;
+mod workspace;
