@@ -87,7 +87,9 @@ pub async fn serve(
         return Ok(serve_derived(app, &derived, &caller, raw).await);
     }
     let span = caller.span(endpoint);
-    serve_parsed(app, endpoint, headers, query, body, seen)
+    // Boxed: inline, its states (streams, embeddings, the retry window) would
+    // make every request's future that large, hits included.
+    Box::pin(serve_parsed(app, endpoint, headers, query, body, seen))
         .instrument(span)
         .await
 }
@@ -150,8 +152,8 @@ async fn serve_derived(
         }
         Lookup::Absent => {
             let loader = parsing_loader(app.clone(), raw, bill.clone());
-            app.coalescer
-                .fly(key, derived.policy, loader, None)
+            // Boxed, as `serve_parsed`: a hit's future does not carry a flight's states.
+            Box::pin(app.coalescer.fly(key, derived.policy, loader, None))
                 .instrument(caller.span(derived.endpoint))
                 .await
                 .map(|answer| match answer {
@@ -167,6 +169,7 @@ async fn serve_derived(
         derived.policy.revalidate,
         &derived.fingerprint_header,
         wire::of(derived.endpoint),
+        Some(derived),
     )
 }
 
@@ -335,10 +338,12 @@ async fn serve_parsed(
         request.policy.revalidate,
         &header_value(&fingerprint.hex()),
         request.wire,
+        None,
     ))
 }
 
 /// A complete (not streamed) answer, or the error, as the caller's response.
+/// A HIT of a request the memo knows clones the headers built for its answer.
 fn complete_response(
     app: &AppState,
     served: Result<Served, Arc<GatewayError>>,
@@ -346,6 +351,7 @@ fn complete_response(
     revalidate: bool,
     fingerprint: &HeaderValue,
     wire: &dyn Wire,
+    derived: Option<&Derived>,
 ) -> Response {
     match served {
         Ok(Served {
@@ -359,15 +365,38 @@ fn complete_response(
             if app.traces.is_some() {
                 crate::traces::record_answer(shared.usage, &shared.body);
             }
-            let mut response = response_from(&shared);
-            write_status_headers(
-                response.headers_mut(),
-                fingerprint,
-                revalidate,
-                status,
-                stored,
-                age,
-            );
+            let mut response = match derived {
+                Some(derived) if status == CacheStatus::Hit => {
+                    let headers = derived.hit_headers(&shared, || {
+                        let mut response = response_from(&shared);
+                        let headers = response.headers_mut();
+                        write_status_headers(
+                            headers,
+                            fingerprint,
+                            revalidate,
+                            status,
+                            stored,
+                            None,
+                        );
+                        std::mem::take(headers)
+                    });
+                    let mut response = Response::new(Body::from(shared.body.clone()));
+                    *response.status_mut() = shared.status;
+                    *response.headers_mut() = headers;
+                    response
+                }
+                _ => {
+                    let mut response = response_from(&shared);
+                    let headers = response.headers_mut();
+                    write_status_headers(headers, fingerprint, revalidate, status, stored, None);
+                    response
+                }
+            };
+            if let Some(age) = age {
+                response
+                    .headers_mut()
+                    .insert(header::AGE, HeaderValue::from(age.as_secs()));
+            }
             response
         }
         Err(error) => {

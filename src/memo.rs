@@ -18,12 +18,14 @@
 //! Bounded in bytes ([`MAX_MEMO_BYTES`]; bodies above [`MAX_MEMO_BODY_BYTES`]
 //! are not kept): losing an entry costs one parse.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use arc_swap::ArcSwapOption;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use quick_cache::{Weighter, sync::Cache};
 
 use crate::{
+    cache::StoredResponse,
     fingerprint::{CacheKey, Endpoint},
     metrics::Attribution,
     request::{
@@ -38,8 +40,9 @@ pub const MAX_MEMO_BYTES: u64 = 16 << 20;
 /// Larger bodies are parsed every time.
 pub const MAX_MEMO_BODY_BYTES: usize = 64 << 10;
 
-/// Bookkeeping per entry beyond its key bytes and model name.
-const ENTRY_OVERHEAD_BYTES: u64 = 256;
+/// Bookkeeping per entry beyond its key bytes and model name, the prebuilt
+/// hit headers included.
+const ENTRY_OVERHEAD_BYTES: u64 = 768;
 
 /// Headers `DedupRequest::parse` reads besides the credential (which the
 /// tenant scope stands for) and [`KEYED_HEADERS`]. A new header read there
@@ -68,6 +71,18 @@ pub struct Derived {
     pub bill: Attribution,
     /// `x-corral-fingerprint`, ready to clone.
     pub fingerprint_header: HeaderValue,
+    /// The response headers of a HIT on the answer last served, built once.
+    hit_headers: ArcSwapOption<HitHeaders>,
+}
+
+/// A HIT's response headers for one stored answer: built on the first hit
+/// and cloned by the next ones instead of inserted one by one. The answer is
+/// held weakly: the memo never keeps an answer the cache let go, and while
+/// the `Weak` lives its allocation is not reused, so the pointer names it.
+#[derive(Debug)]
+struct HitHeaders {
+    answer: Weak<StoredResponse>,
+    headers: HeaderMap,
 }
 
 impl Derived {
@@ -89,7 +104,28 @@ impl Derived {
             bill: bill.clone(),
             fingerprint_header: HeaderValue::from_str(&request.fingerprint.hex())
                 .expect("hex is a valid header value"),
+            hit_headers: ArcSwapOption::empty(),
         })
+    }
+
+    /// The headers of a HIT on `answer`: a clone of the ones built for it,
+    /// or `build`'s (kept for the next hit on the same answer).
+    pub fn hit_headers(
+        &self,
+        answer: &Arc<StoredResponse>,
+        build: impl FnOnce() -> HeaderMap,
+    ) -> HeaderMap {
+        if let Some(built) = &*self.hit_headers.load()
+            && Weak::as_ptr(&built.answer) == Arc::as_ptr(answer)
+        {
+            return built.headers.clone();
+        }
+        let headers = build();
+        self.hit_headers.store(Some(Arc::new(HitHeaders {
+            answer: Arc::downgrade(answer),
+            headers: headers.clone(),
+        })));
+        headers
     }
 }
 
@@ -375,6 +411,40 @@ mod tests {
                 endpoint: "chat",
             },
             fingerprint_header: HeaderValue::from_static("f"),
+            hit_headers: ArcSwapOption::empty(),
         }
+    }
+
+    fn answer(body: &'static str) -> Arc<StoredResponse> {
+        Arc::new(StoredResponse {
+            status: axum::http::StatusCode::OK,
+            headers: Vec::new(),
+            body: bytes::Bytes::from_static(body.as_bytes()),
+            usage: None,
+        })
+    }
+
+    #[test]
+    fn hit_headers_are_built_once_per_answer_and_never_keep_one_alive() {
+        let derived = derived_for_tests();
+        let built = |text: &'static str| {
+            move || {
+                let mut headers = HeaderMap::new();
+                headers.insert("x-built", HeaderValue::from_static(text));
+                headers
+            }
+        };
+        let first = answer("one");
+        assert_eq!(derived.hit_headers(&first, built("a"))["x-built"], "a");
+        assert_eq!(
+            derived.hit_headers(&first, built("b"))["x-built"],
+            "a",
+            "the same answer: the headers built for it"
+        );
+        let second = answer("two");
+        assert_eq!(derived.hit_headers(&second, built("c"))["x-built"], "c");
+        let weak = Arc::downgrade(&second);
+        drop(second);
+        assert!(weak.upgrade().is_none(), "the memo holds no answer");
     }
 }
