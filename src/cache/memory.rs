@@ -29,7 +29,9 @@ pub fn entry_weight(entry: &Entry) -> u64 {
 
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    cache: Cache<Fingerprint, Arc<Entry>>,
+    /// Hashed with foldhash, not SipHash: a key is a SHA-256 already, and
+    /// every hit hashes one.
+    cache: Cache<Fingerprint, Arc<Entry>, foldhash::fast::RandomState>,
 }
 
 /// Evicts an entry once its hard TTL has passed (or `max_ttl`, for an L1 copy).
@@ -74,7 +76,7 @@ impl MemoryStore {
                 u32::try_from(entry_weight(entry)).unwrap_or(u32::MAX)
             })
             .max_capacity(max_bytes)
-            .build();
+            .build_with_hasher(foldhash::fast::RandomState::default());
         Self { cache }
     }
 }

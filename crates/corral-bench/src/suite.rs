@@ -717,21 +717,26 @@ impl Bench {
                 .error_for_status()?;
         }
         let hits_before = self.hit_count(&self.corral_base()).await;
-        // Many short rounds, each in a rotated order: this machine's speed
-        // drifts over tens of seconds (shared cores), and a server always
-        // measured right after another would carry that one's wake.
-        let rounds = self.scaled(8, 1);
-        let duration = self.seconds(3, 1);
+        // Many short rounds, in orders that change from round to round: this
+        // machine's speed drifts within seconds (shared cores), and a server
+        // always measured right after another would carry that one's wake.
+        // The two corrals always run back to back, so the log's cost (their
+        // ratio) is measured seconds apart, on the machine as it was then.
+        let rounds = self.scaled(12, 1);
+        let duration = self.seconds(2, 1);
         let (threads, connections) = (2, 64);
         let mut runs: BTreeMap<&str, Vec<wrk::WrkReport>> = BTreeMap::new();
-        let servers = [
-            ("baseline", baseline_url.as_str()),
-            ("corral, shipped config", logged_url.as_str()),
-            ("corral, request log off", corral_url),
+        let bare = ("baseline", baseline_url.as_str());
+        let shipped = ("corral, shipped config", logged_url.as_str());
+        let quiet = ("corral, request log off", corral_url);
+        let orders = [
+            [bare, shipped, quiet],
+            [shipped, quiet, bare],
+            [quiet, shipped, bare],
+            [bare, quiet, shipped],
         ];
         for round in 0..rounds {
-            for at in 0..servers.len() {
-                let (name, url) = servers[(round as usize + at) % servers.len()];
+            for (name, url) in orders[round as usize % orders.len()] {
                 let report = wrk::run(
                     &wrk::WrkRun {
                         name,
