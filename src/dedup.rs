@@ -365,32 +365,21 @@ fn complete_response(
             if app.traces.is_some() {
                 crate::traces::record_answer(shared.usage, &shared.body);
             }
+            let built = || {
+                let mut response = response_from(&shared);
+                let headers = response.headers_mut();
+                write_status_headers(headers, fingerprint, revalidate, status, stored, None);
+                response
+            };
             let mut response = match derived {
                 Some(derived) if status == CacheStatus::Hit => {
-                    let headers = derived.hit_headers(&shared, || {
-                        let mut response = response_from(&shared);
-                        let headers = response.headers_mut();
-                        write_status_headers(
-                            headers,
-                            fingerprint,
-                            revalidate,
-                            status,
-                            stored,
-                            None,
-                        );
-                        std::mem::take(headers)
-                    });
+                    let headers = derived.hit_headers(&shared, || built().into_parts().0.headers);
                     let mut response = Response::new(Body::from(shared.body.clone()));
                     *response.status_mut() = shared.status;
                     *response.headers_mut() = headers;
                     response
                 }
-                _ => {
-                    let mut response = response_from(&shared);
-                    let headers = response.headers_mut();
-                    write_status_headers(headers, fingerprint, revalidate, status, stored, None);
-                    response
-                }
+                _ => built(),
             };
             if let Some(age) = age {
                 response

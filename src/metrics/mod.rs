@@ -378,22 +378,20 @@ impl Metrics {
             .position(|known| *known == endpoint)
             .zip(CACHE_LABELS.iter().position(|known| *known == cache))
             .map(|(e, c)| e * CACHE_LABELS.len() + c);
-        let Some(at) = at else {
-            self.inner.requests.get_or_create(&labels).inc();
-            self.inner
-                .request_duration
-                .get_or_create(&labels)
-                .observe(elapsed.as_secs_f64());
-            self.inner
-                .books
-                .post([(Account::requests(endpoint, cache), 1)]);
-            return;
-        };
-        let series = self.inner.request_series[at].get_or_init(|| RequestSeries {
+        let series_of = || RequestSeries {
             count: self.inner.requests.get_or_create(&labels).clone(),
             duration: self.inner.request_duration.get_or_create(&labels).clone(),
             account: Account::requests(endpoint, cache),
-        });
+        };
+        // An endpoint outside `ENDPOINT_LABELS` (none today) looks its series up each time.
+        let looked_up;
+        let series = match at {
+            Some(at) => self.inner.request_series[at].get_or_init(series_of),
+            None => {
+                looked_up = series_of();
+                &looked_up
+            }
+        };
         series.count.inc();
         series.duration.observe(elapsed.as_secs_f64());
         self.inner.books.post([(series.account.clone(), 1)]);
