@@ -471,6 +471,14 @@ impl Handle {
     }
 }
 
+/// Entries fresh for `soft` and stale until `hard`, to the millisecond (no
+/// jitter), so a test moving the clock knows which side of each it is on.
+pub fn exact_ttls(config: &mut Config, soft: Duration, hard: Duration) {
+    config.cache.soft_ttl = soft;
+    config.cache.hard_ttl = hard;
+    config.cache.ttl_jitter = 0.0;
+}
+
 pub fn chat(content: &str) -> Value {
     json!({
         "model": "gpt-4o-mini",

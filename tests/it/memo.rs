@@ -9,7 +9,7 @@ use corral::auth::key_hash;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Reply, TestGateway, chat};
+use crate::harness::{Reply, TestGateway, chat, exact_ttls};
 
 const PATH: &str = "/v1/chat/completions";
 
@@ -124,9 +124,7 @@ async fn tenants_and_keyed_headers_split_what_the_memo_knows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_answer_known_to_the_memo_is_fetched_with_the_callers_own_request() {
     let gateway = TestGateway::start(|config| {
-        config.cache.soft_ttl = Duration::from_secs(10);
-        config.cache.hard_ttl = Duration::from_secs(20);
-        config.cache.ttl_jitter = 0.0;
+        exact_ttls(config, Duration::from_secs(10), Duration::from_secs(20));
     })
     .await;
     let body = chat("fetched again, byte for byte");
@@ -169,9 +167,7 @@ async fn an_expired_answer_known_to_the_memo_is_fetched_with_the_callers_own_req
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_answer_known_to_the_memo_is_served_and_refreshed_once() {
     let gateway = TestGateway::start(|config| {
-        config.cache.soft_ttl = Duration::from_secs(1);
-        config.cache.hard_ttl = Duration::from_secs(60);
-        config.cache.ttl_jitter = 0.0;
+        exact_ttls(config, Duration::from_secs(1), Duration::from_secs(60));
     })
     .await;
     let body = chat("stale, then refreshed from the memo");

@@ -23,30 +23,58 @@ use crate::harness::TestGateway;
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
 /// Five calls against loopback, each with a 20 s SDK timeout of its own.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
-/// A Python SDK the tests drive corral with: the pip requirement, a check that
-/// exits 0 only if an importable package satisfies it, and the directory
-/// (under the target directory) it is installed into when the system lacks it.
+/// A Python SDK the tests drive corral with: its module, the versions the
+/// scripts work with (at least `from`, below `until`, as major.minor), and the
+/// directory (under the target directory) it is installed into when the
+/// system lacks it.
 struct Sdk {
-    requirement: &'static str,
-    import_check: &'static str,
+    module: &'static str,
+    from: (u32, u32),
+    until: (u32, u32),
     deps: &'static str,
+}
+
+impl Sdk {
+    /// The pip requirement for the supported versions.
+    fn requirement(&self) -> String {
+        let Self {
+            module,
+            from: (from_major, from_minor),
+            until: (until_major, until_minor),
+            ..
+        } = self;
+        format!("{module}>={from_major}.{from_minor},<{until_major}.{until_minor}")
+    }
+
+    /// Python that exits 0 only if an importable package is a supported version.
+    fn import_check(&self) -> String {
+        let Self {
+            module,
+            from,
+            until,
+            ..
+        } = self;
+        format!(
+            "import sys, {module}\n\
+             major, minor = (int(part) for part in {module}.__version__.split('.')[:2])\n\
+             sys.exit(0 if {from:?} <= (major, minor) < {until:?} else 1)"
+        )
+    }
 }
 
 /// The OpenAI SDK's v1 interface (`OpenAI`, `with_raw_response`), which the scripts use.
 const OPENAI: Sdk = Sdk {
-    requirement: "openai>=1.40,<4",
-    import_check: "import sys, openai\n\
-        major, minor = (int(part) for part in openai.__version__.split('.')[:2])\n\
-        sys.exit(0 if (1, 40) <= (major, minor) < (4, 0) else 1)",
+    module: "openai",
+    from: (1, 40),
+    until: (4, 0),
     deps: "pydeps",
 };
 
 /// The Anthropic SDK with `messages.stream` and `with_raw_response`.
 const ANTHROPIC: Sdk = Sdk {
-    requirement: "anthropic>=0.40,<3",
-    import_check: "import sys, anthropic\n\
-        major, minor = (int(part) for part in anthropic.__version__.split('.')[:2])\n\
-        sys.exit(0 if (0, 40) <= (major, minor) < (3, 0) else 1)",
+    module: "anthropic",
+    from: (0, 40),
+    until: (3, 0),
     deps: "pydeps-anthropic",
 };
 
@@ -344,11 +372,11 @@ impl Python {
         if deps.is_dir() && installed.imports(sdk).await {
             return installed;
         }
-        pip_install(sdk.requirement, &deps).await;
+        pip_install(&sdk.requirement(), &deps).await;
         assert!(
             installed.imports(sdk).await,
             "installed {} into {} but python3 cannot import it",
-            sdk.requirement,
+            sdk.requirement(),
             deps.display()
         );
         installed
@@ -410,7 +438,7 @@ impl Python {
 
     async fn imports(&self, sdk: &Sdk) -> bool {
         let mut command = self.command();
-        command.args(["-c", sdk.import_check]);
+        command.args(["-c", &sdk.import_check()]);
         run(command, SCRIPT_TIMEOUT, "the SDK import check")
             .await
             .status

@@ -3,14 +3,12 @@
 
 use std::time::Duration;
 
-use crate::harness::{TestGateway, chat, count_status};
+use crate::harness::{TestGateway, chat, count_status, exact_ttls};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swr_timeline_with_one_refresh() {
     let gateway = TestGateway::start(|config| {
-        config.cache.soft_ttl = Duration::from_secs(1);
-        config.cache.hard_ttl = Duration::from_secs(4);
-        config.cache.ttl_jitter = 0.0;
+        exact_ttls(config, Duration::from_secs(1), Duration::from_secs(4));
     })
     .await;
     let path = "/v1/chat/completions";
