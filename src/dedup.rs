@@ -77,19 +77,19 @@ pub async fn serve(
     body: Bytes,
 ) -> Result<Response, GatewayError> {
     let seen = RequestBytes::of(endpoint, &caller.tenant, &headers, query.as_deref(), &body);
+    let raw = RawRequest {
+        endpoint,
+        headers,
+        query,
+        body,
+    };
     if let Some(derived) = seen.as_ref().and_then(|seen| app.memo.get(seen)) {
-        let raw = RawRequest {
-            endpoint,
-            headers,
-            query,
-            body,
-        };
         return Ok(serve_derived(app, &derived, &caller, raw).await);
     }
     let span = caller.span(endpoint);
     // Boxed: inline, its states (streams, embeddings, the retry window) would
     // make every request's future that large, hits included.
-    Box::pin(serve_parsed(app, endpoint, headers, query, body, seen))
+    Box::pin(serve_parsed(app, raw, seen))
         .instrument(span)
         .await
 }
@@ -209,21 +209,13 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
 /// can answer its repeats.
 async fn serve_parsed(
     app: Arc<AppState>,
-    endpoint: Endpoint,
-    headers: HeaderMap,
-    query: Option<String>,
-    body: Bytes,
+    raw: RawRequest,
     seen: Option<RequestBytes>,
 ) -> Result<Response, GatewayError> {
-    let mut request = DedupRequest::parse(
-        endpoint,
-        &headers,
-        query.as_deref(),
-        body,
-        &app.routes,
-        &app.upstream_names,
-        app.request_rules(),
-    )?;
+    let mut request = raw.parse(&app)?;
+    let RawRequest {
+        endpoint, headers, ..
+    } = raw;
     let fingerprint = request.fingerprint;
     let bill = attribution(&app, &request, &headers);
     if let Some(seen) = seen
