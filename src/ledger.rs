@@ -26,7 +26,10 @@
 use std::{
     collections::{HashMap, HashSet},
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -476,6 +479,9 @@ struct State {
     /// answer key instead of a dozen account lines per answer, so counting an
     /// answer costs one lookup.
     answers: FastMap<AnswerKey, AnswerAmounts>,
+    /// Counts kept outside the lock ([`Books::counter`]), folded into
+    /// `accounts` like `answers`.
+    counters: Vec<(Account, Arc<AtomicU64>)>,
     /// Sent, outcome unknown: resent as is until it is known to be applied.
     in_doubt: Option<Batch>,
     cluster: Option<Tally>,
@@ -488,6 +494,14 @@ struct State {
 impl State {
     /// Moves the buffered answers into their accounts.
     fn fold(&mut self) {
+        for (account, count) in &self.counters {
+            let amount = count.swap(0, Ordering::Relaxed);
+            if amount > 0 {
+                let slot = self.accounts.entry(account.clone()).or_default();
+                slot.local += u128::from(amount);
+                slot.pending += u128::from(amount);
+            }
+        }
         let answers = std::mem::take(&mut self.answers);
         for (key, amounts) in &answers {
             for (account, amount) in amounts.accounts(key) {
@@ -510,6 +524,16 @@ impl State {
             return name.clone();
         }
         other.clone()
+    }
+}
+
+/// A count in the books, added to without their lock ([`Books::counter`]).
+#[derive(Debug, Clone)]
+pub struct LedgerCounter(Arc<AtomicU64>);
+
+impl LedgerCounter {
+    pub fn add(&self, amount: u64) {
+        self.0.fetch_add(amount, Ordering::Relaxed);
     }
 }
 
@@ -561,6 +585,27 @@ impl Books {
             amounts.local += amount;
             amounts.pending += amount;
         }
+    }
+
+    /// A count of `account` that is added to without the books' lock (one
+    /// atomic add), for the counts every request makes; the books fold it in
+    /// whenever they are read or flushed. `account` names no tenant (tenants
+    /// are bounded when posted), and each call registers a counter of its
+    /// own, so callers make one per account and keep it.
+    pub fn counter(&self, account: Account) -> LedgerCounter {
+        debug_assert!(
+            !matches!(
+                account,
+                Account::By {
+                    party: Party::Tenant,
+                    ..
+                }
+            ),
+            "tenant accounts are bounded in `post`"
+        );
+        let count = Arc::new(AtomicU64::new(0));
+        self.lock().counters.push((account, count.clone()));
+        LedgerCounter(count)
     }
 
     /// Adds one answer (or several under one key): the hot path, one lookup.
@@ -871,6 +916,26 @@ mod tests {
         // The half nanodollar b could not send stays pending, and is still shown.
         assert_eq!(store.fields.lock().unwrap()["usd|saved|m"], 3_150_001);
         assert_eq!(a.local()[&cost("m")], 3_150_000_000);
+    }
+
+    #[tokio::test]
+    async fn a_counter_is_folded_into_its_account_and_flushed_once() {
+        let store = FakeStore {
+            max_tenants: 10,
+            ..FakeStore::default()
+        };
+        let books = Books::new(10);
+        let hits = Account::requests("chat", "HIT");
+        let counter = books.counter(hits.clone());
+        counter.add(2);
+        counter.clone().add(3);
+        assert_eq!(books.local()[&hits], 5);
+        books.flush(&store, 1).await.unwrap();
+        counter.add(1);
+        books.flush(&store, 2).await.unwrap();
+        assert_eq!(store.fields.lock().unwrap()[&hits.redis_field()], 6);
+        assert_eq!(books.view().totals[&hits], 6);
+        assert_eq!(books.local()[&hits], 6);
     }
 
     #[tokio::test]

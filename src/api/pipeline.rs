@@ -103,7 +103,6 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let request = request.map(Body::new);
         // The clone is the one `poll_ready` was not called on; keep the ready one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -182,7 +181,7 @@ where
                 }
             } else {
                 inner
-                    .oneshot(request)
+                    .oneshot(request.map(Body::new))
                     .await
                     .unwrap_or_else(|never| match never {})
             };
@@ -278,7 +277,7 @@ fn record(
 
 /// The caller's request id when it is visible ASCII of at most 128 characters
 /// (it goes into logs and a response header verbatim), else a fresh random one.
-fn request_id(request: &Request) -> HeaderValue {
+fn request_id<B>(request: &http::Request<B>) -> HeaderValue {
     request
         .headers()
         .get(REQUEST_ID_HEADER_NAME)
@@ -322,7 +321,11 @@ struct Admitted {
 
 /// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
 /// body (bounded in size and time), all before any parsing.
-async fn admit(app: &AppState, request: Request) -> Result<Admitted, GatewayError> {
+async fn admit<B>(app: &AppState, request: http::Request<B>) -> Result<Admitted, GatewayError>
+where
+    B: axum::body::HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     let permit = app.limits.admit()?;
     let tenant = app.auth.authenticate(request.headers())?;
     app.limits.check_tenant(&tenant)?;
@@ -342,9 +345,20 @@ async fn admit(app: &AppState, request: Request) -> Result<Admitted, GatewayErro
 }
 
 /// Reads the whole body under a size limit and a deadline, so no handler
-/// ever waits on a slow client.
-async fn read_body(body: Body, limit: usize, deadline: Duration) -> Result<Bytes, GatewayError> {
-    let collected = tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await;
+/// ever waits on a slow client. The body is read as hyper hands it over (no
+/// boxing), and the deadline's timer is made only for a body that has not
+/// all arrived with its head: most have, and a timer made and dropped per
+/// request is a measurable part of a cached answer's cost.
+async fn read_body<B>(body: B, limit: usize, deadline: Duration) -> Result<Bytes, GatewayError>
+where
+    B: axum::body::HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    let collected = match futures::poll!(collect.as_mut()) {
+        Poll::Ready(collected) => Ok(collected),
+        Poll::Pending => tokio::time::timeout(deadline, collect).await,
+    };
     match collected {
         Err(_) => Err(GatewayError::BodyTimeout { timeout: deadline }),
         Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {

@@ -55,7 +55,7 @@ use crate::{
     cache::CacheUsage,
     cache_status::CacheStatus,
     config::Config,
-    ledger::{Account, AnswerAmounts, AnswerKey, Books, Side},
+    ledger::{Account, AnswerAmounts, AnswerKey, Books, LedgerCounter, Side},
     pricing::{PicoUsd, Snapshot},
     sse::LogBytes,
     usage::Usage,
@@ -126,7 +126,8 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 struct RequestSeries {
     count: Counter,
     duration: Histogram,
-    account: Account,
+    /// The same count in the books (`/stats` and the cluster ledger).
+    booked: LedgerCounter,
 }
 
 /// 5 ms to ~80 s: a cache hit to a long completion.
@@ -378,23 +379,26 @@ impl Metrics {
             .position(|known| *known == endpoint)
             .zip(CACHE_LABELS.iter().position(|known| *known == cache))
             .map(|(e, c)| e * CACHE_LABELS.len() + c);
-        let series_of = || RequestSeries {
+        let Some(at) = at else {
+            // An endpoint outside `ENDPOINT_LABELS` (none today): looked up each time.
+            self.inner.requests.get_or_create(&labels).inc();
+            self.inner
+                .request_duration
+                .get_or_create(&labels)
+                .observe(elapsed.as_secs_f64());
+            self.inner
+                .books
+                .post([(Account::requests(endpoint, cache), 1)]);
+            return;
+        };
+        let series = self.inner.request_series[at].get_or_init(|| RequestSeries {
             count: self.inner.requests.get_or_create(&labels).clone(),
             duration: self.inner.request_duration.get_or_create(&labels).clone(),
-            account: Account::requests(endpoint, cache),
-        };
-        // An endpoint outside `ENDPOINT_LABELS` (none today) looks its series up each time.
-        let looked_up;
-        let series = match at {
-            Some(at) => self.inner.request_series[at].get_or_init(series_of),
-            None => {
-                looked_up = series_of();
-                &looked_up
-            }
-        };
+            booked: self.inner.books.counter(Account::requests(endpoint, cache)),
+        });
         series.count.inc();
         series.duration.observe(elapsed.as_secs_f64());
-        self.inner.books.post([(series.account.clone(), 1)]);
+        series.booked.add(1);
     }
 
     /// One upstream call, all its attempts together: `status` is the final

@@ -5,10 +5,10 @@
 //! `axum::serve` installs no timer, so hyper's header-read timeout is inert
 //! there and a client that trickles its headers (slowloris) holds a socket
 //! forever. This loop serves each connection with hyper's HTTP/1.1 server and a
-//! tokio timer: the header-read timeout (`server.header_read_timeout`) runs
-//! from the moment the connection waits for a request head, so it also closes
-//! a connection that never sends a byte and an idle keep-alive one. Bodies are
-//! read under `server.body_read_timeout` (408 after) and `limits.max_body_bytes`
+//! tokio timer of the connection's own (`head_timer`): the header-read timeout
+//! (`server.header_read_timeout`) runs from the moment the connection waits for
+//! a request head, so it also closes a connection that never sends a byte and
+//! an idle keep-alive one. Bodies are read under `server.body_read_timeout` (408 after) and `limits.max_body_bytes`
 //! (413, with or without a `Content-Length`). Responses are written under
 //! `server.write_timeout`: a client that accepts no byte for that long (it
 //! opened a stream and stopped reading) is disconnected, which drops its
@@ -18,14 +18,12 @@
 //! preface would be a slowloris of its own; clients of an OpenAI API speak
 //! HTTP/1.1, and a TLS terminator in front can speak h2 to them.
 
+mod head_timer;
+
 use std::{future::Future, pin::pin, sync::Arc, time::Duration};
 
 use hyper::server::conn::http1;
-use hyper_util::{
-    rt::{TokioIo, TokioTimer},
-    server::graceful::GracefulShutdown,
-    service::TowerToHyperService,
-};
+use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown, service::TowerToHyperService};
 use tokio::net::TcpListener;
 use tokio_io_timeout::TimeoutStream;
 
@@ -52,8 +50,7 @@ pub async fn serve(
     let app = api::router(state.clone());
     let service = TowerToHyperService::new(app);
     let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(state.config.server.header_read_timeout)
+    http.header_read_timeout(state.config.server.header_read_timeout)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
@@ -95,8 +92,12 @@ pub async fn serve(
         // response body (a stream reader, the log it holds).
         let mut stream = TimeoutStream::new(stream);
         stream.set_write_timeout(Some(state.config.server.write_timeout));
-        let connection =
-            graceful.watch(http.serve_connection(TokioIo::new(Box::pin(stream)), service.clone()));
+        // A timer of the connection's own: see `head_timer`.
+        let connection = graceful.watch(
+            http.clone()
+                .timer(head_timer::ConnectionTimer::default())
+                .serve_connection(TokioIo::new(Box::pin(stream)), service.clone()),
+        );
         tokio::spawn(async move {
             // Header timeouts, resets and half-read bodies end up here; none is ours to report.
             if let Err(err) = connection.await {
