@@ -1,12 +1,16 @@
 //! Logging setup: text by default, JSON with `log.format: json`; the level
 //! comes from `RUST_LOG` (default `info`).
 //!
-//! Lines are formatted on the request's thread and appended to one bounded
-//! in-memory batch; a writer thread writes the batch to stderr at most every
-//! [`BATCH_INTERVAL`]. A request never waits on a `write(2)` to a pipe or a
-//! slow log collector, and it never wakes another thread either: only the
-//! first line into an empty batch wakes the writer, so under load the log
-//! costs one wake-up and one system call per interval, not per line.
+//! Lines are formatted on the request's thread, straight into that thread's
+//! own bounded in-memory batch; a writer thread writes the batches to stderr
+//! at most every [`BATCH_INTERVAL`]. A request never waits on a `write(2)` to
+//! a pipe or a slow log collector, it never waits on another thread's lock
+//! (one shared batch made the two worker threads take turns, and its cache
+//! lines travel between cores with every line), and it never wakes another
+//! thread either: only the first line into an empty batch wakes the writer,
+//! so under load the log costs a wake-up and a system call per thread and
+//! interval, not per line. Lines of one thread keep their order; lines of
+//! two threads written in the same interval may not (each carries its time).
 //!
 //! Why not `tracing-appender`'s non-blocking writer, which this replaced: its
 //! channel wakes the writer thread for every line that finds it idle, and with
@@ -16,7 +20,8 @@
 //! timer it is within the noise. The price is that a line reaches stderr up to
 //! one interval late.
 //!
-//! The batch is bounded ([`MAX_BATCH_BYTES`]); lines beyond it are dropped
+//! Each batch is bounded ([`MAX_BATCH_BYTES`]), and so is their number
+//! ([`MAX_BATCHES`]: threads beyond it share); lines beyond it are dropped
 //! rather than slowing requests, and counted (`LogGuard::dropped_lines`, and
 //! one line saying how many when the writer catches up). Dropping the guard
 //! writes what is still batched, so the binary keeps it for its whole life and
@@ -24,7 +29,6 @@
 
 use std::{
     io::{self, Write},
-    mem,
     sync::{
         Arc, Mutex, OnceLock, PoisonError,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -40,8 +44,13 @@ use crate::config::LogFormat;
 /// How long the writer lets lines gather after the first one of a batch.
 pub const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Bytes one batch may hold; about 8,000 access-log lines.
-pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// Bytes one thread's batch may hold; about 2,000 access-log lines, in one
+/// interval: 200,000 lines a second from one thread.
+pub const MAX_BATCH_BYTES: usize = 256 << 10;
+
+/// Batches at most, so the log holds at most 4 MiB; threads beyond these
+/// (tokio's blocking pool can have hundreds) share one of them.
+pub const MAX_BATCHES: usize = 16;
 
 /// Keeps the log writer thread alive; dropping it writes what is batched.
 #[must_use = "dropping the guard stops the log writer"]
@@ -127,23 +136,12 @@ pub struct AccessLine<'a> {
     pub latency: Duration,
 }
 
-thread_local! {
-    /// The line being formatted; reused, so a line allocates nothing.
-    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 impl AccessLog {
+    /// Formats the line straight into this thread's batch.
     pub fn write(&self, line: &AccessLine<'_>) {
-        LINE.with_borrow_mut(|buffer| {
-            buffer.clear();
-            match self.format {
-                LogFormat::Text => text_line(buffer, line),
-                LogFormat::Json => json_line(buffer, line),
-            }
-            let _ = self.writer.make_writer().write(buffer);
-            if buffer.capacity() > 4096 {
-                *buffer = Vec::new();
-            }
+        self.writer.shared.append(|batch| match self.format {
+            LogFormat::Text => text_line(batch, line),
+            LogFormat::Json => json_line(batch, line),
         });
     }
 }
@@ -264,7 +262,11 @@ pub struct BatchWriter {
 }
 
 struct Shared {
-    batch: Mutex<Vec<u8>>,
+    /// One per thread that logged, up to [`MAX_BATCHES`].
+    batches: Mutex<Vec<Arc<Batch>>>,
+    /// Threads that have asked for a batch, to spread the ones beyond
+    /// [`MAX_BATCHES`] over the batches there are.
+    threads_joined: AtomicUsize,
     /// Lines dropped since the start; the writer reports what is new.
     dropped: AtomicUsize,
     closed: AtomicBool,
@@ -272,10 +274,104 @@ struct Shared {
     writer: OnceLock<thread::Thread>,
 }
 
+/// One thread's lines since the writer last took them. Locked by its thread
+/// for each line and by the writer once an interval, so the lock is all but
+/// never contended.
+#[derive(Default)]
+struct Batch {
+    lines: Mutex<Vec<u8>>,
+}
+
+impl Batch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.lines.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+thread_local! {
+    /// This thread's batch of each log it wrote to (the process has one; tests
+    /// make more). The `Weak` keeps the log's address from being reused while
+    /// the entry lives, so the address names the log.
+    static BATCHES: std::cell::RefCell<Vec<(std::sync::Weak<Shared>, Arc<Batch>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Shared {
+    /// Appends what `format` writes to this thread's batch, in one piece, or
+    /// drops it (counted) if the batch would outgrow its bound.
+    fn append(self: &Arc<Self>, format: impl FnOnce(&mut Vec<u8>)) {
+        let batch = BATCHES.with_borrow_mut(|mine| {
+            let found = mine
+                .iter()
+                .find(|(log, _)| std::ptr::eq(log.as_ptr(), Arc::as_ptr(self)));
+            match found {
+                Some((_, batch)) => batch.clone(),
+                None => {
+                    mine.retain(|(log, _)| log.strong_count() > 0);
+                    let batch = self.batch_for_new_thread();
+                    mine.push((Arc::downgrade(self), batch.clone()));
+                    batch
+                }
+            }
+        });
+        let was_empty = {
+            let mut lines = batch.lock();
+            let start = lines.len();
+            format(&mut lines);
+            if lines.len() > MAX_BATCH_BYTES {
+                lines.truncate(start);
+                drop(lines);
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            start == 0
+        };
+        if was_empty && let Some(writer) = self.writer.get() {
+            writer.unpark();
+        }
+    }
+
+    /// A batch of its own for a thread, or, with [`MAX_BATCHES`] made, one
+    /// to share.
+    fn batch_for_new_thread(&self) -> Arc<Batch> {
+        let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+        let joined = self.threads_joined.fetch_add(1, Ordering::Relaxed);
+        if batches.len() >= MAX_BATCHES {
+            return batches[joined % batches.len()].clone();
+        }
+        let batch = Arc::new(Batch::default());
+        batches.push(batch.clone());
+        batch
+    }
+
+    fn all_empty(&self) -> bool {
+        let batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+        batches.iter().all(|batch| batch.lock().is_empty())
+    }
+
+    /// Moves every batch's lines to the end of `out` (each batch is locked
+    /// only to swap its lines with `spare`), and lets go of the batches of
+    /// threads that have ended.
+    fn take_all(&self, out: &mut Vec<u8>, spare: &mut Vec<u8>) {
+        let mut batches = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
+        for batch in batches.iter() {
+            std::mem::swap(&mut *batch.lock(), spare);
+            out.extend_from_slice(spare);
+            spare.clear();
+            if spare.capacity() > MAX_BATCH_BYTES {
+                spare.shrink_to(MAX_BATCH_BYTES);
+            }
+        }
+        // Held by no thread and empty (just taken): its thread has ended.
+        batches.retain(|batch| Arc::strong_count(batch) > 1);
+    }
+}
+
 /// The writer side and its guard, writing batches into `sink`.
 pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
     let shared = Arc::new(Shared {
-        batch: Mutex::new(Vec::new()),
+        batches: Mutex::new(Vec::new()),
+        threads_joined: AtomicUsize::new(0),
         dropped: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
         writer: OnceLock::new(),
@@ -309,26 +405,19 @@ pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
 /// up), and a line that found the batch empty must not wait for the next.
 fn write_batches(shared: &Shared, mut sink: impl Write) {
     let mut out = Vec::new();
+    let mut spare = Vec::new();
     let mut reported_drops = 0;
     loop {
         let closed = shared.closed.load(Ordering::Acquire);
         if !closed {
-            let idle = shared
-                .batch
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty();
-            if idle {
+            if shared.all_empty() {
                 thread::park();
             }
             if !shared.closed.load(Ordering::Acquire) {
                 thread::sleep(BATCH_INTERVAL);
             }
         }
-        {
-            let mut batch = shared.batch.lock().unwrap_or_else(PoisonError::into_inner);
-            mem::swap(&mut *batch, &mut out);
-        }
+        shared.take_all(&mut out, &mut spare);
         let dropped_total = shared.dropped.load(Ordering::Relaxed);
         let dropped = dropped_total - reported_drops;
         reported_drops = dropped_total;
@@ -342,7 +431,7 @@ fn write_batches(shared: &Shared, mut sink: impl Write) {
             // A failed write (a closed pipe) loses the batch, never blocks a request.
             let _ = sink.write_all(&out).and_then(|()| sink.flush());
             out.clear();
-            if out.capacity() > MAX_BATCH_BYTES {
+            if out.capacity() > MAX_BATCHES * MAX_BATCH_BYTES {
                 out.shrink_to(MAX_BATCH_BYTES);
             }
         }
@@ -352,31 +441,14 @@ fn write_batches(shared: &Shared, mut sink: impl Write) {
     }
 }
 
-/// One event's line, appended to the batch in one piece.
+/// One event's line, appended to this thread's batch in one piece.
 pub struct BatchLine<'a> {
-    shared: &'a Shared,
+    shared: &'a Arc<Shared>,
 }
 
 impl Write for BatchLine<'_> {
     fn write(&mut self, line: &[u8]) -> io::Result<usize> {
-        let was_empty = {
-            let mut batch = self
-                .shared
-                .batch
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if batch.len() + line.len() > MAX_BATCH_BYTES {
-                drop(batch);
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
-                return Ok(line.len());
-            }
-            let was_empty = batch.is_empty();
-            batch.extend_from_slice(line);
-            was_empty
-        };
-        if was_empty && let Some(writer) = self.shared.writer.get() {
-            writer.unpark();
-        }
+        self.shared.append(|batch| batch.extend_from_slice(line));
         Ok(line.len())
     }
 
@@ -446,6 +518,60 @@ mod tests {
         }
         drop(guard);
         assert_eq!(sink.text(), expected);
+    }
+
+    #[test]
+    fn lines_of_many_threads_are_all_written_each_threads_in_order() {
+        let sink = Sink::default();
+        let (writer, guard) = batched(sink.clone());
+        let threads = MAX_BATCHES + 4;
+        std::thread::scope(|scope| {
+            for thread in 0..threads {
+                let writer = writer.clone();
+                scope.spawn(move || {
+                    for i in 0..200 {
+                        let line = format!("thread {thread} line {i}\n");
+                        writer.make_writer().write_all(line.as_bytes()).unwrap();
+                    }
+                });
+            }
+        });
+        let batches = writer.shared.batches.lock().unwrap().len();
+        assert!(batches <= MAX_BATCHES, "{batches} batches");
+        drop(guard);
+        let text = sink.text();
+        for thread in 0..threads {
+            let prefix = format!("thread {thread} line ");
+            let seen: Vec<usize> = text
+                .lines()
+                .filter_map(|line| line.strip_prefix(&prefix)?.parse().ok())
+                .collect();
+            assert_eq!(seen, (0..200).collect::<Vec<_>>(), "thread {thread}");
+        }
+    }
+
+    #[test]
+    fn the_batches_of_ended_threads_are_let_go() {
+        let sink = Sink::default();
+        let (writer, guard) = batched(sink.clone());
+        for thread in 0..3 {
+            let writer = writer.clone();
+            std::thread::spawn(move || {
+                let line = format!("thread {thread}\n");
+                writer.make_writer().write_all(line.as_bytes()).unwrap();
+            })
+            .join()
+            .unwrap();
+        }
+        // The writer may have taken some lines already; take the rest here.
+        let (mut out, mut spare) = (Vec::new(), Vec::new());
+        writer.shared.take_all(&mut out, &mut spare);
+        assert_eq!(writer.shared.batches.lock().unwrap().len(), 0);
+        drop(guard);
+        let text = sink.text() + std::str::from_utf8(&out).unwrap();
+        for thread in 0..3 {
+            assert!(text.contains(&format!("thread {thread}\n")), "{text}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration, time::Instant};
 
 use async_trait::async_trait;
-use moka::{Expiry, future::Cache};
+use moka::{Expiry, sync::Cache};
 
 use super::{CacheStore, CacheUsage, Entry};
 use crate::fingerprint::{CacheKey, Fingerprint};
@@ -85,16 +85,16 @@ impl MemoryStore {
 impl CacheStore for MemoryStore {
     // Keyed by fingerprint alone: it already covers the scope.
     async fn get(&self, key: &CacheKey) -> Option<Arc<Entry>> {
-        self.cache.get(&key.fingerprint).await
+        self.cache.get(&key.fingerprint)
     }
 
     async fn put(&self, key: &CacheKey, entry: Arc<Entry>) {
-        self.cache.insert(key.fingerprint, entry).await;
+        self.cache.insert(key.fingerprint, entry);
     }
 
     async fn usage(&self) -> Option<CacheUsage> {
         // Moka applies evictions in batches; settle them so the numbers are current.
-        self.cache.run_pending_tasks().await;
+        self.cache.run_pending_tasks();
         Some(CacheUsage {
             entries: self.cache.entry_count(),
             bytes: self.cache.weighted_size(),
