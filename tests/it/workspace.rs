@@ -20,11 +20,24 @@ const NOT_THE_PRODUCT: [&str; 5] = [
     "criterion",
 ];
 
+/// The workspace as cargo sees it, resolved for this machine's platform:
+/// offline, a resolve for every platform would need the manifests of crates
+/// only other platforms use (`android_system_properties`, say), which a
+/// fresh machine's builds never downloaded.
 fn metadata() -> Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc -vV names the host");
     let output = Command::new(env!("CARGO"))
         .current_dir(root)
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host])
         .output()
         .expect("cargo runs");
     assert!(
