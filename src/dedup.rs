@@ -41,6 +41,9 @@ pub const FINGERPRINT_HEADER: &str = "x-corral-fingerprint";
 pub const CACHE_HEADER: &str = "x-corral-cache";
 pub const FINGERPRINT_HEADER_NAME: HeaderName = HeaderName::from_static(FINGERPRINT_HEADER);
 pub const CACHE_HEADER_NAME: HeaderName = HeaderName::from_static(CACHE_HEADER);
+/// Written on every response by the request pipeline (`api::pipeline`); named
+/// here because a HIT's prebuilt headers hold its place.
+pub const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static("x-request-id");
 /// RFC 9211.
 const CACHE_STATUS_HEADER_NAME: HeaderName = HeaderName::from_static("cache-status");
 
@@ -365,18 +368,27 @@ fn complete_response(
             };
             let mut response = match derived {
                 Some(derived) if status == CacheStatus::Hit => {
-                    let headers = derived.hit_headers(&shared, || built().into_parts().0.headers);
+                    // Built with `Age` and the request id in place (the
+                    // pipeline writes the caller's over it): a clone has room
+                    // for exactly its entries, and adding one would grow it.
+                    let headers = derived.hit_headers(&shared, || {
+                        let mut headers = built().into_parts().0.headers;
+                        headers.insert(header::AGE, age_value(Duration::ZERO));
+                        headers.insert(REQUEST_ID_HEADER_NAME, HeaderValue::from_static("-"));
+                        headers
+                    });
                     let mut response = Response::new(Body::from(shared.body.clone()));
                     *response.status_mut() = shared.status;
                     *response.headers_mut() = headers;
+                    if age.is_none() {
+                        response.headers_mut().remove(header::AGE);
+                    }
                     response
                 }
                 _ => built(),
             };
             if let Some(age) = age {
-                response
-                    .headers_mut()
-                    .insert(header::AGE, HeaderValue::from(age.as_secs()));
+                response.headers_mut().insert(header::AGE, age_value(age));
             }
             response
         }
@@ -765,8 +777,41 @@ fn write_status_headers(
         HeaderValue::from_static(cache_status),
     );
     if let Some(age) = age {
-        headers.insert(header::AGE, HeaderValue::from(age.as_secs()));
+        headers.insert(header::AGE, age_value(age));
     }
+}
+
+/// Ages below this many seconds are made once and shared: every HIT carries
+/// one, and a `HeaderValue` made from a number is an allocation of its own.
+const SHARED_AGE_VALUES: u64 = 3_600;
+
+/// The `Age` header's value for `age`, in whole seconds.
+fn age_value(age: Duration) -> HeaderValue {
+    static SHARED: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    let seconds = age.as_secs();
+    if seconds >= SHARED_AGE_VALUES {
+        return HeaderValue::from(seconds);
+    }
+    let shared = SHARED.get_or_init(|| {
+        // One string of every number, each value a static slice of it:
+        // cloning a value then counts no reference.
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(SHARED_AGE_VALUES as usize);
+        for n in 0..SHARED_AGE_VALUES {
+            text.push_str(itoa::Buffer::new().format(n));
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    shared[seconds as usize].clone()
 }
 
 fn header_value(text: &str) -> HeaderValue {
@@ -840,5 +885,19 @@ mod tests {
         let shared = shared_response(StatusCode::OK, &headers, Bytes::new());
         let names: Vec<&str> = shared.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type"]);
+    }
+
+    #[test]
+    fn an_age_reads_as_its_whole_seconds_shared_or_not() {
+        for (age, text) in [
+            (Duration::ZERO, "0"),
+            (Duration::from_millis(1_999), "1"),
+            (Duration::from_secs(59), "59"),
+            (Duration::from_secs(SHARED_AGE_VALUES - 1), "3599"),
+            (Duration::from_secs(SHARED_AGE_VALUES), "3600"),
+            (Duration::from_secs(86_400), "86400"),
+        ] {
+            assert_eq!(age_value(age), text, "{age:?}");
+        }
     }
 }

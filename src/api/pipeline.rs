@@ -24,7 +24,7 @@ use std::{
 use axum::{
     body::Body,
     extract::Request,
-    http::{HeaderName, HeaderValue, Method, request::Parts},
+    http::{HeaderValue, Method, request::Parts},
     response::Response,
 };
 use bytes::Bytes;
@@ -37,7 +37,7 @@ use tracing::Instrument;
 
 use super::chat;
 use crate::{
-    dedup::{CACHE_HEADER_NAME, Caller, FINGERPRINT_HEADER_NAME},
+    dedup::{CACHE_HEADER_NAME, Caller, FINGERPRINT_HEADER_NAME, REQUEST_ID_HEADER_NAME},
     error::{ErrorShape, GatewayError},
     fingerprint::Endpoint,
     state::AppState,
@@ -47,8 +47,6 @@ use crate::{
 };
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// As a name: a lookup by `&str` parses the name first, every time.
-const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;

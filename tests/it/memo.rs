@@ -55,9 +55,22 @@ async fn a_repeat_from_the_memo_is_answered_and_counted_as_a_parsed_one() {
         );
         assert_eq!(repeat.header("cache-status"), Some("corral; hit"));
         assert_eq!(repeat.header("content-type"), first.header("content-type"));
-        assert!(repeat.header("age").is_some());
-        assert!(repeat.header("x-request-id").is_some());
+        // A HIT's prebuilt headers hold these two in place: each is there
+        // once, with this answer's age and this caller's own request id.
+        assert_eq!(repeat.headers.get_all("age").iter().count(), 1);
+        assert!(repeat.header("age").unwrap().parse::<u64>().is_ok());
+        assert_eq!(repeat.headers.get_all("x-request-id").iter().count(), 1);
+        let id = repeat.header("x-request-id").unwrap();
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
     }
+    let ids: std::collections::HashSet<_> = repeats
+        .iter()
+        .map(|repeat| repeat.header("x-request-id"))
+        .collect();
+    assert_eq!(ids.len(), repeats.len(), "each caller its own request id");
     assert_eq!(gateway.provider.calls(), 1);
     // Counted as hits, with the tokens they saved.
     let metrics = gateway.get("/metrics").await;
