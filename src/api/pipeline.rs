@@ -352,7 +352,7 @@ where
     B: axum::body::HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
-    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    let mut collect = std::pin::pin!(whole(Limited::new(body, limit)));
     let collected = match futures::poll!(collect.as_mut()) {
         Poll::Ready(collected) => Ok(collected),
         Poll::Pending => tokio::time::timeout(deadline, collect).await,
@@ -365,8 +365,33 @@ where
         Ok(Err(err)) => Err(GatewayError::invalid(format!(
             "could not read the request body: {err}"
         ))),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Ok(body)) => Ok(body),
     }
+}
+
+/// A body's data, whole. `BodyExt::collect` keeps a list of every frame and
+/// copies them out; a request body nearly always comes as one frame, which
+/// is then the answer as it is. Trailers are not kept (no API here has any).
+async fn whole<B: axum::body::HttpBody<Data = Bytes>>(body: B) -> Result<Bytes, B::Error> {
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match (&mut joined, first.take()) {
+            (Some(joined), _) => joined.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(earlier)) => {
+                let mut both = bytes::BytesMut::with_capacity(earlier.len() + data.len());
+                both.extend_from_slice(&earlier);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or_else(|| first.unwrap_or_default(), bytes::BytesMut::freeze))
 }
 
 #[cfg(test)]
@@ -397,6 +422,35 @@ mod tests {
         }
         let absent = Request::builder().body(Body::empty()).unwrap();
         assert_ne!(request_id(&absent), request_id(&absent), "fresh each time");
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_from_one_frame_or_many() {
+        use http_body_util::{BodyExt as _, StreamBody};
+        let frames = |chunks: &[&'static str]| {
+            let frames: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = chunks
+                .iter()
+                .map(|chunk| {
+                    Ok(hyper::body::Frame::data(Bytes::from_static(
+                        chunk.as_bytes(),
+                    )))
+                })
+                .chain([Ok(hyper::body::Frame::trailers(http::HeaderMap::new()))])
+                .collect();
+            StreamBody::new(futures::stream::iter(frames)).boxed()
+        };
+        assert_eq!(whole(frames(&[])).await.unwrap(), "");
+        assert_eq!(whole(frames(&["{\"a\":1}"])).await.unwrap(), "{\"a\":1}");
+        assert_eq!(
+            whole(frames(&["{\"a\"", "", ":1", "}"])).await.unwrap(),
+            "{\"a\":1}"
+        );
+        let limit = 4;
+        let too_long = read_body(frames(&["ab", "cd", "e"]), limit, Duration::from_secs(1)).await;
+        assert!(
+            matches!(too_long, Err(GatewayError::BodyTooLarge { limit: 4 })),
+            "{too_long:?}"
+        );
     }
 
     #[test]
