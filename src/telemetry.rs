@@ -300,32 +300,31 @@ impl Shared {
     /// Appends what `format` writes to this thread's batch, in one piece, or
     /// drops it (counted) if the batch would outgrow its bound.
     fn append(self: &Arc<Self>, format: impl FnOnce(&mut Vec<u8>)) {
-        let batch = BATCHES.with_borrow_mut(|mine| {
-            let found = mine
+        // The batch is used where the thread keeps it, not cloned out: a line
+        // costs no reference count. `format` only writes bytes (it logs
+        // nothing), so the thread-local is not borrowed twice.
+        let was_empty = BATCHES.with_borrow_mut(|mine| {
+            let at = match mine
                 .iter()
-                .find(|(log, _)| std::ptr::eq(log.as_ptr(), Arc::as_ptr(self)));
-            match found {
-                Some((_, batch)) => batch.clone(),
+                .position(|(log, _)| std::ptr::eq(log.as_ptr(), Arc::as_ptr(self)))
+            {
+                Some(at) => at,
                 None => {
                     mine.retain(|(log, _)| log.strong_count() > 0);
-                    let batch = self.batch_for_new_thread();
-                    mine.push((Arc::downgrade(self), batch.clone()));
-                    batch
+                    mine.push((Arc::downgrade(self), self.batch_for_new_thread()));
+                    mine.len() - 1
                 }
-            }
-        });
-        let was_empty = {
-            let mut lines = batch.lock();
+            };
+            let mut lines = mine[at].1.lock();
             let start = lines.len();
             format(&mut lines);
             if lines.len() > MAX_BATCH_BYTES {
                 lines.truncate(start);
-                drop(lines);
                 self.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
+                return false;
             }
             start == 0
-        };
+        });
         if was_empty && let Some(writer) = self.writer.get() {
             writer.unpark();
         }
