@@ -43,7 +43,8 @@ pub const FINGERPRINT_HEADER_NAME: HeaderName = HeaderName::from_static(FINGERPR
 pub const CACHE_HEADER_NAME: HeaderName = HeaderName::from_static(CACHE_HEADER);
 /// Written on every response by the request pipeline (`api::pipeline`); named
 /// here because a HIT's prebuilt headers hold its place.
-pub const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static("x-request-id");
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 /// RFC 9211.
 const CACHE_STATUS_HEADER_NAME: HeaderName = HeaderName::from_static("cache-status");
 

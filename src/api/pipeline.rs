@@ -46,7 +46,7 @@ use crate::{
     traces,
 };
 
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub use crate::dedup::REQUEST_ID_HEADER;
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;

@@ -8,8 +8,9 @@
 //! tokio timer of the connection's own (`head_timer`): the header-read timeout
 //! (`server.header_read_timeout`) runs from the moment the connection waits for
 //! a request head, so it also closes a connection that never sends a byte and
-//! an idle keep-alive one. Bodies are read under `server.body_read_timeout` (408 after) and `limits.max_body_bytes`
-//! (413, with or without a `Content-Length`). Responses are written under
+//! an idle keep-alive one. Bodies are read under `server.body_read_timeout`
+//! (408 after) and `limits.max_body_bytes` (413, with or without a
+//! `Content-Length`). Responses are written under
 //! `server.write_timeout`: a client that accepts no byte for that long (it
 //! opened a stream and stopped reading) is disconnected, which drops its
 //! response body and whatever the body held.
