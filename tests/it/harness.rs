@@ -366,6 +366,47 @@ impl Fleet {
         }
     }
 
+    /// As [`Fleet::herd`], released only once the upstream call has begun and
+    /// the flight of every other instance is parked on it (past its own cache
+    /// read). Without that, a flight that a loaded machine starts late can
+    /// read the owner's stored answer in its double-check and serve it as a
+    /// HIT, which the herd's counts do not expect.
+    pub async fn herd_on_one_call(&self, path: &str, body: &Value, n: usize) -> Vec<Reply> {
+        let calls = self.provider.calls();
+        self.provider.hold();
+        let tasks = self.spread(path, &[(body.clone(), n)]);
+        self.wait_for_waiters(n).await;
+        assert!(
+            self.provider.wait_for_calls(calls + 1, WAIT).await,
+            "the upstream call never began"
+        );
+        let mut parked: Vec<_> = self
+            .instances
+            .iter()
+            .map(|i| {
+                i.state
+                    .cluster
+                    .as_ref()
+                    .expect("a fleet with Redis")
+                    .followers_parked()
+            })
+            .collect();
+        let others = self.instances.len() - 1;
+        let gathered = tokio::time::timeout(WAIT, async {
+            while parked.iter().map(|p| *p.borrow()).sum::<usize>() < others {
+                let changes = parked.iter_mut().map(|p| Box::pin(p.changed()));
+                let _ = futures::future::select_all(changes).await;
+            }
+        })
+        .await;
+        assert!(
+            gathered.is_ok(),
+            "the other instances' flights never parked"
+        );
+        self.provider.release();
+        collect(tasks).await
+    }
+
     /// Callers waiting on flights, over every instance.
     pub fn waiters(&self) -> usize {
         self.instances
