@@ -284,6 +284,12 @@ pub struct CacheConfig {
     pub scope: CacheScope,
     /// Opt-in normalization level: fold message text to lower case before hashing.
     pub case_fold: bool,
+    /// Leave each API's label fields (`user`, `safety_identifier`,
+    /// `prompt_cache_key`, `metadata`, Responses `client_metadata` and inline
+    /// input item ids, Messages tools' `eager_input_streaming`; README lists
+    /// them) out of the key: they name, track or route a request without
+    /// changing what the model generates. `false` keys them like any field.
+    pub ignore_label_fields: bool,
     /// How long a failed upstream call is remembered (negative caching), so
     /// followers everywhere get the error at once and a failing provider is
     /// not hammered by each replica in turn. Zero disables it.
@@ -305,6 +311,7 @@ impl Default for CacheConfig {
             sampled: false,
             scope: CacheScope::Tenant,
             case_fold: false,
+            ignore_label_fields: true,
             error_ttl: Duration::from_secs(5),
             early_refresh_beta: 1.0,
         }
@@ -414,7 +421,7 @@ pub struct LimitsConfig {
     pub max_response_bytes: usize,
     /// Deepest JSON nesting accepted in a request body (400 beyond).
     pub max_json_depth: usize,
-    /// Most `messages` in one chat request (400 beyond).
+    /// Most `messages` in one chat or Messages request (400 beyond).
     pub max_messages: usize,
     /// Most inputs in one embeddings request (400 beyond; OpenAI's own limit).
     pub max_embedding_inputs: usize,
@@ -429,10 +436,12 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
-            max_body_bytes: 8 * 1024 * 1024,
+            // Anthropic takes 32 MB requests: agents send screenshots and whole files.
+            max_body_bytes: 32 * 1024 * 1024,
             max_response_bytes: 32 * 1024 * 1024,
             max_json_depth: 64,
-            max_messages: 2048,
+            // Anthropic's own limit; a long agent session sends thousands.
+            max_messages: 100_000,
             max_embedding_inputs: 2048,
             max_embedding_input_bytes: 256 * 1024,
             per_tenant: None,

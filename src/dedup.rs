@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::{
     cache::{StoredResponse, Usage},
-    coalesce::{Answer, CacheStatus, Loaded, Loader, Lookup, Served, StreamPublisher},
+    coalesce::{Answer, CacheStatus, FlightCall, Loaded, Loader, Lookup, Served, StreamPublisher},
     config::CacheScope,
     embeddings,
     error::GatewayError,
@@ -28,8 +28,8 @@ use crate::{
     sse::{self, Format, StreamLog},
     state::AppState,
     tenant::TenantScope,
-    upstream::{Outbound, body},
-    wire::{self, Wire},
+    upstream::{Outbound, body, retry},
+    wire::{self, Echo, Wire},
 };
 
 /// Upstream response headers that may be shared with every caller of a
@@ -174,6 +174,7 @@ async fn serve_derived(
         &derived.fingerprint_header,
         wire::of(derived.endpoint),
         Some(derived),
+        derived.echo.as_deref(),
     )
 }
 
@@ -183,14 +184,18 @@ async fn serve_derived(
 fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution) -> Loader {
     let raw = Arc::new(raw);
     let bill = Arc::new(bill);
-    Arc::new(move |_publisher| {
+    Arc::new(move |call: FlightCall| {
         let app = app.clone();
         let raw = raw.clone();
         let bill = bill.clone();
         Box::pin(async move {
             let mut request = raw.parse(&app)?;
             let outbound = outbound_of(&mut request);
-            call_upstream(&app, &outbound, request.wire, &bill).await
+            retry::at_most(
+                call.max_attempts,
+                call_upstream(&app, &outbound, request.wire, &bill),
+            )
+            .await
         })
     })
 }
@@ -311,6 +316,7 @@ async fn serve_parsed(
         app.metrics
             .served(&bill, CacheStatus::Retry, retained.response.usage);
         let mut response = response_from(&retained.response);
+        own_echo(&mut response, request.echo.as_deref(), &retained.response);
         let age = retained.age(app.clock.now_ms());
         set_status_headers(
             response.headers_mut(),
@@ -335,11 +341,13 @@ async fn serve_parsed(
         &header_value(&fingerprint.hex()),
         request.wire,
         None,
+        request.echo.as_deref(),
     ))
 }
 
 /// A complete (not streamed) answer, or the error, as the caller's response.
 /// A HIT of a request the memo knows clones the headers built for its answer.
+#[allow(clippy::too_many_arguments)]
 fn complete_response(
     app: &AppState,
     served: Result<Served, Arc<GatewayError>>,
@@ -348,6 +356,7 @@ fn complete_response(
     fingerprint: &HeaderValue,
     wire: &dyn Wire,
     derived: Option<&Derived>,
+    echo: Option<&Echo>,
 ) -> Response {
     match served {
         Ok(Served {
@@ -391,6 +400,7 @@ fn complete_response(
             if let Some(age) = age {
                 response.headers_mut().insert(header::AGE, age_value(age));
             }
+            own_echo(&mut response, echo, &shared);
             response
         }
         Err(error) => {
@@ -499,10 +509,17 @@ async fn serve_stream(
         }
     };
     tracing::debug!(cache = status.as_str(), fingerprint = %request.fingerprint.short_hex(), "served");
-    let events =
-        reader
-            .into_stream()
-            .chain(count_live_saving(app.metrics.clone(), live_saving, bill));
+    // Each caller reads its own label fields in the lifecycle events.
+    let echo = request.echo.clone();
+    let events = reader
+        .into_stream()
+        .map(move |event| {
+            event.map(|event| match &echo {
+                Some(echo) => echo.event(&event).unwrap_or(event),
+                None => event,
+            })
+        })
+        .chain(count_live_saving(app.metrics.clone(), live_saving, bill));
     let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -525,7 +542,11 @@ fn stream_loader(
     bill: Attribution,
 ) -> Loader {
     let outbound = Arc::new(outbound);
-    Arc::new(move |publisher: StreamPublisher| {
+    Arc::new(move |call: FlightCall| {
+        let FlightCall {
+            publisher,
+            max_attempts,
+        } = call;
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
@@ -619,7 +640,8 @@ fn stream_loader(
         };
         // A flight's error reaches every follower (through Redis too) in its API's shape.
         Box::pin(async move {
-            load.await
+            retry::at_most(max_attempts, load)
+                .await
                 .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
         })
     })
@@ -667,11 +689,17 @@ fn upstream_loader(
 ) -> Loader {
     let bill = Arc::new(bill);
     let outbound = Arc::new(outbound);
-    Arc::new(move |_publisher| {
+    Arc::new(move |call: FlightCall| {
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
-        Box::pin(async move { call_upstream(&app, &outbound, wire, &bill).await })
+        Box::pin(async move {
+            retry::at_most(
+                call.max_attempts,
+                call_upstream(&app, &outbound, wire, &bill),
+            )
+            .await
+        })
     })
 }
 
@@ -731,6 +759,14 @@ fn response_from(shared: &StoredResponse) -> Response {
         headers.insert(name.clone(), value.clone());
     }
     response
+}
+
+/// The caller's own label fields in an answer another caller's values may
+/// fill (`wire::Echo`); the body is replaced only where they differ.
+fn own_echo(response: &mut Response, echo: Option<&Echo>, shared: &StoredResponse) {
+    if let Some(own) = echo.and_then(|echo| echo.answer(&shared.body)) {
+        *response.body_mut() = Body::from(own);
+    }
 }
 
 /// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.

@@ -357,6 +357,38 @@ impl GatewayError {
         )
     }
 
+    /// Whether this is a provider's failure that another attempt might have
+    /// cured: a status either API retries (408, 409, 429, any 5xx) or no
+    /// connection at all. A timeout is not one: the provider may have had
+    /// the whole request and been computing it.
+    pub fn is_transient_upstream_failure(&self) -> bool {
+        match self {
+            Self::Shaped { error, .. } => error.is_transient_upstream_failure(),
+            Self::Upstream { status, .. } => {
+                matches!(status.as_u16(), 408 | 409 | 429) || status.is_server_error()
+            }
+            Self::UpstreamUnreachable { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The provider's own `Retry-After` of a relayed error, in (possibly
+    /// fractional) seconds, at most `cap`. An HTTP date or junk is `None`.
+    pub fn provider_retry_after(&self, cap: Duration) -> Option<Duration> {
+        match self {
+            Self::Shaped { error, .. } => error.provider_retry_after(cap),
+            Self::Upstream {
+                retry_after: Some(value),
+                ..
+            } => {
+                let seconds: f64 = value.to_str().ok()?.trim().parse().ok()?;
+                (seconds.is_finite() && seconds >= 0.0)
+                    .then(|| Duration::from_secs_f64(seconds.min(cap.as_secs_f64())))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether this failure is local to this instance (its circuit, its rate
     /// cap, its waiter caps, its shutdown), not an answer about the request:
     /// it is never recorded in Redis for the cluster's other instances.

@@ -62,38 +62,89 @@ impl Endpoint {
 }
 
 /// How one wire format's body is keyed: which top-level fields are left out
-/// of the key (delivery fields, which cannot change the answer), which
-/// members of an object field are (Anthropic's `metadata.user_id`), and
-/// which field holds the conversation whose text is normalized like chat
-/// `messages`. Every other field is keyed as it is.
+/// of the key, which members of the items of a top-level array are, and which
+/// field holds the conversation whose text is normalized like chat
+/// `messages`. Every other field is keyed as it is: a field corral does not
+/// know may change the answer, and keying it costs only a cache split.
+///
+/// Two kinds of field are left out. **Delivery** fields say how the answer is
+/// delivered (`stream`), never what it says; they are always left out, since
+/// a stream and a non-stream caller share one call. **Label** fields name,
+/// track or route a request at the provider (who asked, which prompt cache
+/// to route to, which stored-completion tags to attach) without changing what
+/// the model generates; they are left out unless the operator keys them
+/// (`cache.ignore_label_fields: false`, [`LabelFields::Keyed`]). Each is still
+/// sent upstream as the owner of the call sent it, and where the provider
+/// echoes one in its answer, each caller gets its own (`wire::Echo`).
 #[derive(Debug, Clone, Copy)]
 pub struct BodyKeying {
-    /// Top-level fields left out of the key.
-    pub ignored: fn(&str) -> bool,
-    /// `(field, member)`: a member of a top-level object left out of the key.
-    /// A field left empty by it is keyed as if absent.
-    pub ignored_members: &'static [(&'static str, &'static str)],
+    /// Top-level fields that only deliver the answer: never keyed.
+    pub delivery: &'static [&'static str],
+    /// Top-level fields that only label the request.
+    pub labels: &'static [&'static str],
+    /// `(array field, member)`: a member of each object item of a top-level
+    /// array that only labels it or asks for a stream-only delivery (tools'
+    /// `eager_input_streaming`).
+    pub item_labels: &'static [(&'static str, &'static str)],
     /// The field whose items' text content is trimmed and unified.
     pub messages: Option<&'static str>,
+    /// Of a `messages` item, whether it carries its content inline, so that
+    /// its `id` only names it (a Responses `input` item; never an
+    /// `item_reference`, whose id is its content). `None`: ids are keyed.
+    pub inline_item: Option<ItemTest>,
 }
+
+/// A test of one conversation item (a JSON object).
+pub type ItemTest = fn(&Map<String, Value>) -> bool;
 
 impl BodyKeying {
     /// OpenAI Chat Completions, Completions and Embeddings.
     pub const OPENAI: BodyKeying = BodyKeying {
-        ignored: |name| field_role(name) == FieldRole::Ignored,
-        ignored_members: &[],
+        delivery: &["stream", "stream_options"],
+        labels: &[
+            "user",
+            "safety_identifier",
+            "prompt_cache_key",
+            "metadata",
+            "request_id",
+        ],
+        item_labels: &[],
         messages: Some("messages"),
+        inline_item: None,
     };
 
-    fn ignores_member(&self, field: &str, member: &str) -> bool {
-        self.ignored_members
-            .iter()
-            .any(|(f, m)| *f == field && *m == member)
+    /// Whether a top-level field is left out of the key.
+    pub fn leaves_out(&self, field: &str, labels: LabelFields) -> bool {
+        self.delivery.contains(&field)
+            || (labels == LabelFields::Ignored && self.labels.contains(&field))
     }
 
-    fn has_ignored_members(&self, field: &str) -> bool {
-        self.ignored_members.iter().any(|(f, _)| *f == field)
+    /// Whether `member` of the object items of the top-level array `field` is left out.
+    fn leaves_out_item_member(&self, field: &str, member: &str, labels: LabelFields) -> bool {
+        labels == LabelFields::Ignored
+            && self
+                .item_labels
+                .iter()
+                .any(|(f, m)| *f == field && *m == member)
     }
+
+    fn has_item_labels(&self, field: &str, labels: LabelFields) -> bool {
+        labels == LabelFields::Ignored && self.item_labels.iter().any(|(f, _)| *f == field)
+    }
+
+    /// Whether the `id` of this conversation item only names it.
+    fn leaves_out_item_id(&self, item: &Map<String, Value>, labels: LabelFields) -> bool {
+        labels == LabelFields::Ignored && self.inline_item.is_some_and(|inline| inline(item))
+    }
+}
+
+/// Whether a wire format's label fields are left out of the key (the default)
+/// or keyed like any other field (`cache.ignore_label_fields: false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LabelFields {
+    #[default]
+    Ignored,
+    Keyed,
 }
 
 /// How far normalization goes beyond what never changes meaning.
@@ -101,6 +152,8 @@ impl BodyKeying {
 pub struct Normalization {
     /// Fold message text to lower case (opt-in: it can change the answer).
     pub case_fold: bool,
+    /// Whether the label fields are left out of the key.
+    pub labels: LabelFields,
 }
 
 /// SHA-256 over a request's key.
@@ -251,60 +304,6 @@ pub struct KeyInput<'a> {
     pub body: &'a [u8],
 }
 
-/// What a top-level body field does to the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FieldRole {
-    /// Can change the answer: part of the key.
-    Keyed,
-    /// Cannot change the answer's content: left out, so it does not split the cache.
-    Ignored,
-}
-
-/// The decision table for body fields. Unknown fields are keyed: a field corral
-/// does not know may change the answer, and keying it costs only a cache split.
-fn field_role(name: &str) -> FieldRole {
-    match name {
-        // Who asked and how the answer is delivered, not what it says.
-        "user" | "stream" | "stream_options" | "request_id" => FieldRole::Ignored,
-        // Listed to record the decision; the default below would key them anyway.
-        "model"
-        | "messages"
-        | "prompt"
-        | "input"
-        | "tools"
-        | "tool_choice"
-        | "functions"
-        | "function_call"
-        | "response_format"
-        | "temperature"
-        | "top_p"
-        | "max_tokens"
-        | "max_completion_tokens"
-        | "stop"
-        | "seed"
-        | "n"
-        | "logprobs"
-        | "top_logprobs"
-        | "logit_bias"
-        | "presence_penalty"
-        | "frequency_penalty"
-        | "parallel_tool_calls"
-        | "reasoning_effort"
-        | "modalities"
-        | "audio"
-        | "prediction"
-        | "dimensions"
-        | "encoding_format"
-        | "suffix"
-        | "echo"
-        | "best_of"
-        | "service_tier"
-        | "store"
-        | "metadata" => FieldRole::Keyed,
-        _ => FieldRole::Keyed,
-    }
-}
-
 /// The canonical bytes of a request body: ignored fields removed, message text
 /// trimmed with line endings unified, keys sorted, numbers in one spelling, no
 /// insignificant whitespace.
@@ -323,21 +322,26 @@ pub fn canonical_body_with(
     keying: &BodyKeying,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
+    let labels = normalization.labels;
     write_object(&mut out, body, |out, name, value| {
-        if (keying.ignored)(name) {
+        if keying.leaves_out(name, labels) {
             false
-        } else if let Value::Object(members) = value
-            && keying.has_ignored_members(name)
-        {
-            let kept = |member: &str| !keying.ignores_member(name, member);
-            members.keys().any(|member| kept(member))
-                && write_entry(out, name, |out| {
-                    write_object(out, members, |out, member, item| {
-                        kept(member) && write_entry(out, member, |out| write_canonical(out, item))
-                    })
-                })
         } else if keying.messages == Some(name) {
-            write_entry(out, name, |out| write_messages(out, value, normalization))
+            write_entry(out, name, |out| {
+                write_messages(out, value, normalization, keying)
+            })
+        } else if let Value::Array(items) = value
+            && keying.has_item_labels(name, labels)
+        {
+            write_entry(out, name, |out| {
+                write_array(out, items, |out, item| match item {
+                    Value::Object(members) => write_object(out, members, |out, member, value| {
+                        !keying.leaves_out_item_member(name, member, labels)
+                            && write_entry(out, member, |out| write_canonical(out, value))
+                    }),
+                    other => write_canonical(out, other),
+                })
+            })
         } else {
             write_entry(out, name, |out| write_canonical(out, value))
         }
@@ -501,23 +505,35 @@ fn write_string(out: &mut Vec<u8>, text: &str, line_endings: LineEndings) {
     out.push(b'"');
 }
 
-/// `messages` with each message's text content normalized.
-fn write_messages(out: &mut Vec<u8>, messages: &Value, normalization: Normalization) {
+/// `messages` with each message's text content normalized, and the `id` of
+/// an item that carries its content inline left out where the format says so.
+fn write_messages(
+    out: &mut Vec<u8>,
+    messages: &Value,
+    normalization: Normalization,
+    keying: &BodyKeying,
+) {
     let Value::Array(items) = messages else {
         write_canonical(out, messages);
         return;
     };
     write_array(out, items, |out, message| match message {
-        Value::Object(fields) => write_object(out, fields, |out, name, value| {
-            write_entry(out, name, |out| match value {
-                _ if name != "content" => write_canonical(out, value),
-                Value::String(text) => write_text(out, text, normalization),
-                Value::Array(parts) => write_array(out, parts, |out, part| {
-                    write_content_part(out, part, normalization)
-                }),
-                other => write_canonical(out, other),
+        Value::Object(fields) => {
+            let named_only = keying.leaves_out_item_id(fields, normalization.labels);
+            write_object(out, fields, |out, name, value| {
+                if named_only && name == "id" {
+                    return false;
+                }
+                write_entry(out, name, |out| match value {
+                    _ if name != "content" => write_canonical(out, value),
+                    Value::String(text) => write_text(out, text, normalization),
+                    Value::Array(parts) => write_array(out, parts, |out, part| {
+                        write_content_part(out, part, normalization)
+                    }),
+                    other => write_canonical(out, other),
+                })
             })
-        }),
+        }
         other => write_canonical(out, other),
     });
 }
@@ -615,7 +631,7 @@ pub(crate) mod tests {
             }
         }
         let mut body = body.clone();
-        body.retain(|name, _| field_role(name) == FieldRole::Keyed);
+        body.retain(|name, _| !BodyKeying::OPENAI.leaves_out(name, normalization.labels));
         if let Some(Value::Array(messages)) = body.get_mut("messages") {
             for message in messages {
                 match message.get_mut("content") {
@@ -696,7 +712,10 @@ pub(crate) mod tests {
             }
             let body = json!({"model": "m", "user": "u", "stream": true, "extra": extra, "messages": messages});
             let body = body.as_object().unwrap();
-            let normalization = Normalization { case_fold };
+            let normalization = Normalization {
+                case_fold,
+                ..Normalization::default()
+            };
             proptest::prop_assert_eq!(
                 String::from_utf8(canonical_body(body, normalization)).unwrap(),
                 String::from_utf8(reference_canonical(body, normalization)).unwrap()
@@ -744,7 +763,13 @@ pub(crate) mod tests {
     fn case_folding_is_opt_in() {
         let body = json!({"model":"m","messages":[{"role":"user","content":"Hello"}]});
         let plain = canonical_body(body.as_object().unwrap(), Normalization::default());
-        let folded = canonical_body(body.as_object().unwrap(), Normalization { case_fold: true });
+        let folded = canonical_body(
+            body.as_object().unwrap(),
+            Normalization {
+                case_fold: true,
+                ..Normalization::default()
+            },
+        );
         assert!(String::from_utf8_lossy(&plain).contains("Hello"));
         assert!(String::from_utf8_lossy(&folded).contains("hello"));
     }

@@ -32,6 +32,7 @@ use crate::{
         CachePolicy, DedupRequest, IDEMPOTENCY_KEY_HEADER, KEYED_HEADERS, RETRY_COUNT_HEADER,
     },
     tenant::TenantScope,
+    wire::Echo,
 };
 
 /// What the memo may hold in all (keys, derivations, bookkeeping).
@@ -71,6 +72,8 @@ pub struct Derived {
     pub bill: Attribution,
     /// `x-corral-fingerprint`, ready to clone.
     pub fingerprint_header: HeaderValue,
+    /// The caller's own values of the label fields its answer echoes.
+    pub echo: Option<Arc<Echo>>,
     /// The response headers of a HIT on the answer last served, built once.
     hit_headers: ArcSwapOption<HitHeaders>,
 }
@@ -104,6 +107,7 @@ impl Derived {
             bill: bill.clone(),
             fingerprint_header: HeaderValue::from_str(&request.fingerprint.hex())
                 .expect("hex is a valid header value"),
+            echo: request.echo.clone(),
             hit_headers: ArcSwapOption::empty(),
         })
     }
@@ -411,6 +415,7 @@ mod tests {
                 endpoint: "chat",
             },
             fingerprint_header: HeaderValue::from_static("f"),
+            echo: None,
             hit_headers: ArcSwapOption::empty(),
         }
     }

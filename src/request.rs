@@ -2,7 +2,7 @@
 //! tenant scope, fingerprint, the headers to forward, and what it may do with
 //! the cache.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use bytes::Bytes;
@@ -13,12 +13,12 @@ use crate::{
     config::{Api, CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{
-        Endpoint, Fingerprint, IdempotencyKey, KeyInput, Normalization, TenantScope,
+        Endpoint, Fingerprint, IdempotencyKey, KeyInput, LabelFields, Normalization, TenantScope,
         canonical_body_with,
     },
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
-    wire::{self, Wire},
+    wire::{self, Echo, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -194,6 +194,8 @@ pub struct DedupRequest {
     pub query_pairs: Vec<(String, String)>,
     /// Retry counter and idempotency key, for the retry window.
     pub retry: RetryMarks,
+    /// The caller's own values of the label fields its answer echoes.
+    pub echo: Option<Arc<Echo>>,
 }
 
 impl DedupRequest {
@@ -294,8 +296,18 @@ impl DedupRequest {
 
         let normalization = Normalization {
             case_fold: cache.case_fold,
+            labels: if cache.ignore_label_fields {
+                LabelFields::Ignored
+            } else {
+                LabelFields::Keyed
+            },
         };
         let canonical = canonical_body_with(&body, normalization, wire.keying());
+        // With the label fields keyed, every caller of an answer sent the same ones.
+        let echo = match normalization.labels {
+            LabelFields::Ignored => wire.echo(&body).map(Arc::new),
+            LabelFields::Keyed => None,
+        };
         let fingerprint = Fingerprint::of(&KeyInput {
             endpoint,
             upstream: &upstream_names[upstream],
@@ -337,6 +349,7 @@ impl DedupRequest {
             keyed_headers,
             query_pairs,
             retry,
+            echo,
         })
     }
 }

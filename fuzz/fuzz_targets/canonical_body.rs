@@ -10,7 +10,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for case_fold in [false, true] {
-        let normalization = Normalization { case_fold };
+        let normalization = Normalization {
+            case_fold,
+            ..Normalization::default()
+        };
         let canonical = canonical_body(&body, normalization);
         let again: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&canonical).expect("canonical bodies are JSON objects");

@@ -4,6 +4,7 @@
 
 mod batch;
 mod cluster;
+mod failures;
 mod flight;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -14,6 +15,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub use batch::{BatchLoader, Billed, ItemServed, ItemsLoaded, ItemsServed};
+pub use failures::FailureMemory;
+use failures::Recall;
 pub use flight::{
     FlightGuard, Flights, LiveLog, Mirror, Outcome, Role, StreamPublisher, Waited, WaiterTicket,
 };
@@ -52,12 +55,23 @@ pub struct Loaded {
 /// Runs the upstream call for a flight. It may run more than once (a new owner
 /// after an abandoned flight, a background refresh), always detached from any
 /// caller's connection. A streaming loader publishes its live log through the
-/// `StreamPublisher` as soon as the upstream stream begins; a buffered one ignores it.
+/// call's `StreamPublisher` as soon as the upstream stream begins; a buffered
+/// one ignores it.
 pub type Loader = Arc<
-    dyn Fn(StreamPublisher) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
+    dyn Fn(FlightCall) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
         + Send
         + Sync,
 >;
+
+/// What a flight hands its loader for one upstream call.
+#[derive(Debug, Clone)]
+pub struct FlightCall {
+    /// Where a streamed call shows its live log to the flight's waiters.
+    pub publisher: StreamPublisher,
+    /// The most attempts the call may make: one for a key whose last call
+    /// failed (`FailureMemory`); `None`: `retry.max_attempts`.
+    pub max_attempts: Option<usize>,
+}
 
 /// A flight's result as its waiters see it.
 #[derive(Debug, Clone)]
@@ -137,6 +151,8 @@ pub struct FlightContext {
     pub max_entry_bytes: u64,
     /// Where completed answers wait for the client's retries; `None`: off.
     pub retry_window: Option<Arc<RetryWindow>>,
+    /// Transient failures by key: one client call never multiplies.
+    pub failures: FailureMemory,
 }
 
 impl Coalescer {
@@ -420,7 +436,20 @@ async fn load_and_store(
     loader: &Loader,
     publisher: &StreamPublisher,
 ) -> Outcome {
-    let loaded = loader(publisher.clone()).await.map_err(Arc::new)?;
+    // A key that failed moments ago answers with that failure, and one that
+    // failed before gets one attempt, until a call succeeds.
+    let max_attempts = match context.failures.recall(&key.fingerprint) {
+        Recall::Quiet(error) => return Err(error),
+        Recall::Failing => Some(1),
+        Recall::Clear => None,
+    };
+    let call = FlightCall {
+        publisher: publisher.clone(),
+        max_attempts,
+    };
+    let loaded = loader(call).await.map_err(Arc::new);
+    context.failures.settle(&key.fingerprint, &loaded);
+    let loaded = loaded?;
     let response = Arc::new(loaded.response);
     let mut stored = false;
     let (cacheable, compute_time, events) = (loaded.cacheable, loaded.compute_time, loaded.events);

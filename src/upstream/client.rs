@@ -174,7 +174,7 @@ impl Upstream {
     {
         let target = &self.targets[outbound.upstream];
         let guard = &target.guard;
-        let max_attempts = self.retry.max_attempts;
+        let max_attempts = retry::max_attempts(&self.retry);
         let made = AtomicUsize::new(0);
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;

@@ -103,6 +103,29 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
+tokio::task_local! {
+    /// The attempt cap [`at_most`] sets for the calls made within it.
+    static ATTEMPT_CAP: usize;
+}
+
+/// Runs `call` with each upstream call inside it making at most `cap`
+/// attempts (`None`: `retry.max_attempts`). A flight whose key failed moments
+/// ago makes one (`coalesce::FailureMemory`); the cap travels with the
+/// flight's future, so no call signature between the flight and the retry
+/// loop has to carry it.
+pub async fn at_most<F: Future>(cap: Option<usize>, call: F) -> F::Output {
+    match cap {
+        Some(cap) => ATTEMPT_CAP.scope(cap, call).await,
+        None => call.await,
+    }
+}
+
+/// The attempts a call may make here: `retry.max_attempts`, or less under [`at_most`].
+pub fn max_attempts(config: &RetryConfig) -> usize {
+    let cap = ATTEMPT_CAP.try_with(|cap| *cap).unwrap_or(usize::MAX);
+    config.max_attempts.min(cap).max(1)
+}
+
 /// Runs `attempt` until it succeeds, fails for good, runs out of attempts, or
 /// the deadline passes. The returned count is the attempts made.
 pub async fn with_retries<T, F, Fut>(
@@ -118,7 +141,7 @@ where
         .with_min_delay(config.base_delay)
         .with_max_delay(config.max_delay)
         .with_factor(2.0)
-        .with_max_times(config.max_attempts.saturating_sub(1));
+        .with_max_times(max_attempts(config).saturating_sub(1));
     let mut attempts = 0usize;
     let run = (|| {
         attempts += 1;
@@ -180,6 +203,22 @@ mod tests {
         assert!(result.is_err());
         assert_eq!(attempts, 4);
         assert_eq!(calls.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cap_bounds_the_attempts_of_the_calls_within_it() {
+        let calls = AtomicUsize::new(0);
+        let failing = || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(AttemptError::retryable(GatewayError::WaitTimedOut))
+        };
+        let (_, capped) = at_most(Some(1), with_retries(&config(4), failing)).await;
+        let (_, uncapped) = at_most(None, with_retries(&config(4), failing)).await;
+        assert_eq!((capped, uncapped), (1, 4));
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        // A cap never raises the configured attempts.
+        let (_, attempts) = at_most(Some(9), with_retries(&config(2), failing)).await;
+        assert_eq!(attempts, 2);
     }
 
     #[tokio::test(start_paused = true)]

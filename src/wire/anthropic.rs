@@ -29,12 +29,12 @@ use crate::{
     cache::Usage,
     config::Api,
     error::{ErrorShape, GatewayError},
-    fingerprint::BodyKeying,
+    fingerprint::{BodyKeying, Endpoint},
     sse::{
         self, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
         named_event_value as event_value, pieces, read_named,
     },
-    validate::{self, InputLimits, Kind},
+    validate::{self, InputLimits},
 };
 
 /// The Messages adapter.
@@ -52,29 +52,15 @@ pub static MESSAGES_STREAM: MessagesStream = MessagesStream;
 /// The event that completes a stream.
 const MESSAGE_STOP: &str = "message_stop";
 
-/// Fields of a Messages body whose type the API fixes. `null` passes (the SDKs'
-/// "not given"); the API itself refuses what it refuses.
-const FIELD_KINDS: &[(&str, Kind)] = &[
-    ("max_tokens", Kind::Integer),
-    ("messages", Kind::Array),
-    ("system", Kind::TextOrArray),
-    ("stream", Kind::Bool),
-    ("temperature", Kind::Number),
-    ("top_p", Kind::Number),
-    ("top_k", Kind::Integer),
-    ("stop_sequences", Kind::Array),
-    ("metadata", Kind::Object),
-    ("tools", Kind::Array),
-    ("tool_choice", Kind::Object),
-    ("thinking", Kind::Object),
-    ("service_tier", Kind::Text),
-    ("container", Kind::Text),
-];
-
 static KEYING: BodyKeying = BodyKeying {
-    ignored: |name| name == "stream",
-    ignored_members: &[("metadata", "user_id")],
+    delivery: &["stream"],
+    // `metadata.user_id` (its one member) says who asked, not what.
+    labels: &["metadata"],
+    // Fine-grained tool streaming: how a tool call's input is streamed (the
+    // AI SDK sets it on streaming requests only), not what the call is.
+    item_labels: &[("tools", "eager_input_streaming")],
     messages: Some("messages"),
+    inline_item: None,
 };
 
 impl Wire for MessagesWire {
@@ -90,65 +76,11 @@ impl Wire for MessagesWire {
         ErrorShape::Anthropic
     }
 
+    /// What corral reads (`stream`, the conversation's length); Anthropic's
+    /// own rules (roles, `system` messages, block types, `max_tokens`,
+    /// ranges) are Anthropic's: its 400 is relayed as it came.
     fn check(&self, body: &Map<String, Value>, limits: InputLimits) -> Result<(), GatewayError> {
-        validate::check_kinds(body, FIELD_KINDS)?;
-        match body.get("max_tokens") {
-            Some(Value::Number(n)) if n.as_f64().is_some_and(|n| n >= 1.0) => {}
-            Some(Value::Number(_)) => {
-                return Err(GatewayError::invalid_param(
-                    "max_tokens",
-                    "`max_tokens` must be at least 1",
-                ));
-            }
-            _ => {
-                return Err(GatewayError::invalid_param(
-                    "max_tokens",
-                    "`max_tokens` is required",
-                ));
-            }
-        }
-        let Some(Value::Array(messages)) = body.get("messages") else {
-            return Err(GatewayError::invalid_param(
-                "messages",
-                "`messages` is required",
-            ));
-        };
-        if messages.is_empty() {
-            return Err(GatewayError::invalid_param(
-                "messages",
-                "`messages` needs at least one message",
-            ));
-        }
-        validate::check_message_count(messages, limits)?;
-        for (index, message) in messages.iter().enumerate() {
-            let invalid = |what: &str| {
-                Err(GatewayError::invalid_param(
-                    "messages",
-                    format!("`messages[{index}]` {what}"),
-                ))
-            };
-            let Some(message) = message.as_object() else {
-                return invalid("must be an object");
-            };
-            match message.get("role").and_then(Value::as_str) {
-                Some("user" | "assistant") => {}
-                _ => return invalid("must have the role `user` or `assistant`"),
-            }
-            match message.get("content") {
-                Some(Value::String(_)) => {}
-                Some(Value::Array(blocks)) if blocks.iter().all(Value::is_object) => {}
-                _ => return invalid("must have a string or a list of content blocks as content"),
-            }
-        }
-        if let Some(temperature) = body.get("temperature").and_then(Value::as_f64)
-            && !(0.0..=1.0).contains(&temperature)
-        {
-            return Err(GatewayError::invalid_param(
-                "temperature",
-                "`temperature` must be between 0 and 1",
-            ));
-        }
-        Ok(())
+        validate::check_fields(Endpoint::Messages, body, limits)
     }
 
     /// The API has no seed: only `temperature: 0` asks for a reproducible answer.

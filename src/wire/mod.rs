@@ -13,6 +13,7 @@
 
 mod anthropic;
 mod chat;
+mod echo;
 mod responses;
 
 use bytes::Bytes;
@@ -29,6 +30,7 @@ use crate::{
 
 pub use anthropic::{MESSAGES, MESSAGES_STREAM};
 pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
+pub use echo::{Echo, EchoedField};
 pub use responses::{RESPONSES, RESPONSES_STREAM};
 
 /// The adapter of `endpoint`'s wire format.
@@ -71,6 +73,15 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
     /// not goes upstream as it came (`BYPASS`), e.g. a Responses `background` job.
     fn dedupable(&self, _body: &Map<String, Value>) -> bool {
         true
+    }
+
+    /// The caller's own values of the label fields the provider echoes in
+    /// its answer, when the format has any (`echo.rs`): every caller of a
+    /// shared answer receives its own. `None`: nothing is echoed, or the
+    /// label fields are keyed (`cache.ignore_label_fields: false`), so every
+    /// caller of an answer sent the same.
+    fn echo(&self, _body: &Map<String, Value>) -> Option<Echo> {
+        None
     }
 
     /// Whether the caller asked for a stream.

@@ -23,7 +23,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::{Wire, zero_temperature_or_seed};
+use super::{Echo, EchoedField, Wire, zero_temperature_or_seed};
 use crate::{
     cache::Usage,
     error::GatewayError,
@@ -32,7 +32,7 @@ use crate::{
         self, BROKEN_STREAM_CODE, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest,
         named_event, named_event_value as event_value, pieces, read_named,
     },
-    validate::{self, InputLimits, Kind},
+    validate::{self, InputLimits},
 };
 
 /// The Responses adapter.
@@ -50,41 +50,101 @@ pub static RESPONSES_STREAM: ResponsesStream = ResponsesStream;
 /// The event that completes a stream.
 const COMPLETED: &str = "response.completed";
 
-/// Fields of a Responses body whose type the API fixes, beyond the common ones.
-const FIELD_KINDS: &[(&str, Kind)] = &[
-    ("instructions", Kind::TextOrArray),
-    ("previous_response_id", Kind::Text),
-    ("background", Kind::Bool),
-    ("store", Kind::Bool),
-    ("max_output_tokens", Kind::Integer),
-    ("max_tool_calls", Kind::Integer),
-    ("top_logprobs", Kind::Integer),
-    ("include", Kind::Array),
-    ("reasoning", Kind::Object),
-    ("text", Kind::Object),
-    ("metadata", Kind::Object),
-    ("safety_identifier", Kind::Text),
-];
+/// A Responses flag corral decides by, beyond `stream`: `background` says
+/// whether the request may be deduplicated at all.
+const FLAGS: &[&str] = &["background"];
 
 static KEYING: BodyKeying = BodyKeying {
-    ignored_members: &[],
-    ignored: |name| {
-        matches!(
-            name,
-            "stream" | "stream_options" | "user" | "safety_identifier"
-        )
-    },
+    delivery: &["stream", "stream_options"],
+    // Who asked (`user`, `safety_identifier`), which prompt cache to route to
+    // (`prompt_cache_key`), the caller's own tags (`metadata`, and Codex's
+    // `client_metadata`: session, thread and turn ids): none reaches the model.
+    labels: &[
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "metadata",
+        "client_metadata",
+    ],
+    item_labels: &[],
     messages: Some("input"),
+    inline_item: Some(carries_content_inline),
 };
+
+/// `input` item types whose content is all in the item (messages, tool calls
+/// and their outputs), so an `id` only names them: a client that mints fresh
+/// ids for the same conversation asks the same question.
+const INLINE_ITEM_TYPES: &[&str] = &[
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "computer_call",
+    "computer_call_output",
+    "web_search_call",
+    "file_search_call",
+    "image_generation_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+];
+
+/// Whether an `input` item carries its content inline. Never an
+/// `item_reference` (its id *is* its content), nor a `reasoning` or
+/// `compaction` item without its `encrypted_content` (the provider looks the
+/// stored content up by id), nor a type corral does not know (keyed: a split
+/// is cheap, a wrong answer is not). An item without a `type` and with a
+/// `role` is a message.
+fn carries_content_inline(item: &Map<String, Value>) -> bool {
+    match item.get("type").and_then(Value::as_str) {
+        Some("reasoning" | "compaction") => {
+            matches!(item.get("encrypted_content"), Some(Value::String(_)))
+        }
+        Some(kind) => INLINE_ITEM_TYPES.contains(&kind),
+        None => item.contains_key("role"),
+    }
+}
+
+/// The label fields a Responses object echoes, with what it echoes when the
+/// request leaves one out.
+const ECHOED: &[EchoedField] = &[
+    ("metadata", || json!({})),
+    ("prompt_cache_key", || Value::Null),
+    ("safety_identifier", || Value::Null),
+    ("user", || Value::Null),
+];
+
+/// The stream events whose `response` object echoes them.
+const ECHOING_EVENTS: &[&str] = &[
+    "response.created",
+    "response.in_progress",
+    "response.queued",
+    COMPLETED,
+    "response.failed",
+    "response.incomplete",
+];
 
 impl Wire for ResponsesWire {
     fn keying(&self) -> &'static BodyKeying {
         &KEYING
     }
 
+    fn echo(&self, body: &Map<String, Value>) -> Option<Echo> {
+        Some(Echo::of(body, ECHOED, ECHOING_EVENTS))
+    }
+
     fn check(&self, body: &Map<String, Value>, limits: InputLimits) -> Result<(), GatewayError> {
         validate::check_fields(Endpoint::Responses, body, limits)?;
-        validate::check_kinds(body, FIELD_KINDS)
+        validate::check_flags(body, FLAGS)
     }
 
     fn is_deterministic(&self, body: &Map<String, Value>) -> bool {

@@ -114,9 +114,10 @@ async fn the_anthropic_python_sdk_is_deduplicated_through_corral() {
     assert_eq!(requests[6].auth_headers(), ["x-api-key"]);
     assert_eq!(requests[6].header("x-api-key"), Some("sk-ant-caller-a"));
 
-    // Refusals: BadRequestError with Anthropic's error body; nothing went upstream.
+    // The provider's refusals, relayed: BadRequestError with Anthropic's error
+    // body. corral checked neither role nor range itself: both went upstream.
     let (_, context) = phase(&url, "bad").await;
-    assert_eq!(gateway.provider.calls(), 7, "{context}");
+    assert_eq!(gateway.provider.calls(), 9, "{context}");
 
     // With gateway keys: a wrong key is an AuthenticationError, a right one in
     // x-api-key passes, and corral's own provider key goes upstream.

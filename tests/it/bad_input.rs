@@ -33,7 +33,7 @@ async fn malformed_requests_get_openai_errors_and_the_gateway_keeps_serving() {
         .await;
     assert_eq!(wrong_type.status, StatusCode::BAD_REQUEST);
 
-    let huge = vec![b'x'; 20 * 1024 * 1024];
+    let huge = vec![b'x'; 40 * 1024 * 1024];
     let too_large = gateway.post_raw(path, huge, &[]).await;
     assert_eq!(too_large.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(too_large.json()["error"]["code"], "request_too_large");

@@ -273,7 +273,12 @@ async fn prompt_corpus_variants_coalesce_and_distinct_prompts_do_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_reaches_every_waiter_and_is_not_cached() {
-    let gateway = TestGateway::start(|config| config.retry.max_attempts = 2).await;
+    let gateway = TestGateway::start(|config| {
+        config.retry.max_attempts = 2;
+        // No quiet time for a remembered failure: the next request calls (once).
+        config.cache.error_ttl = Duration::ZERO;
+    })
+    .await;
     gateway.provider.set_failure(Some(FailureMode::always(500)));
     let body = chat("this will fail");
     let replies = gateway.herd("/v1/chat/completions", &body, 100, &[]).await;

@@ -28,7 +28,10 @@ mod target {
             return;
         };
         for case_fold in [false, true] {
-            let normalization = Normalization { case_fold };
+            let normalization = Normalization {
+                case_fold,
+                ..Normalization::default()
+            };
             let canonical = canonical_body(&body, normalization);
             let again: Map<String, Value> =
                 serde_json::from_slice(&canonical).expect("canonical bodies are JSON objects");

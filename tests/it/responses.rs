@@ -148,12 +148,13 @@ async fn keyed_fields_split_and_delivery_fields_do_not() {
     assert_eq!(gateway.post(PATH, &sampled).await.cache(), "MISS");
     assert_eq!(gateway.post(PATH, &sampled).await.cache(), "MISS");
     assert_eq!(gateway.provider.calls(), 5);
-    // A client mistake is an OpenAI-shaped 400 before anything goes upstream.
+    // A type corral decides by, mistaken, is an OpenAI-shaped 400 before
+    // anything goes upstream (the provider's own rules are the provider's).
     let mut bad = request("bad");
-    bad["previous_response_id"] = json!(7);
+    bad["background"] = json!("yes");
     let reply = gateway.post(PATH, &bad).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(reply.json()["error"]["param"], "previous_response_id");
+    assert_eq!(reply.json()["error"]["param"], "background");
     assert_eq!(gateway.provider.calls(), 5);
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use mock_upstream::{FailureMode, Scripted};
 use reqwest::StatusCode;
 
-use crate::harness::{TestGateway, chat};
+use crate::harness::{Reply, TestGateway, chat};
 
 const PATH: &str = "/v1/chat/completions";
 
@@ -87,4 +87,75 @@ async fn attempts_stop_at_max_attempts() {
     let reply = gateway.post(PATH, &chat("never")).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(gateway.provider.calls(), 3);
+}
+
+/// A 429 asking to wait `retry_after` seconds.
+fn limited(retry_after: &str) -> Scripted {
+    let mut limited = Scripted::json(429, error_body("rate_limit_exceeded"));
+    limited
+        .headers
+        .push(("retry-after".into(), retry_after.into()));
+    limited
+}
+
+/// Sends `body` until the provider sees a call more (at most every 50 ms,
+/// bounded), and returns the replies up to and including that one.
+async fn repeat_until_a_call(gateway: &TestGateway, body: &serde_json::Value) -> Vec<Reply> {
+    let before = gateway.provider.calls();
+    let mut replies = Vec::new();
+    for _ in 0..400 {
+        replies.push(gateway.post(PATH, body).await);
+        if gateway.provider.calls() > before {
+            return replies;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no repeat called the provider in 20 s");
+}
+
+/// No client's retries multiply corral's attempts: after a flight exhausted
+/// its attempts on a transient failure, a repeat inside the provider's
+/// `Retry-After` gets that error without a call, and a repeat after it makes
+/// one attempt, not `max_attempts`, until a call succeeds. One instance, no
+/// Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_is_remembered_so_repeats_never_multiply_attempts() {
+    let gateway = TestGateway::start(|config| config.retry.max_attempts = 3).await;
+    // The first flight's attempts are answered at once; the last asks for 2 s.
+    for retry_after in ["0", "0", "2"] {
+        gateway.provider.push_script(limited(retry_after));
+    }
+    let body = chat("always limited");
+    let first = gateway.post(PATH, &body).await;
+    assert_eq!(first.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(gateway.provider.calls(), 3, "the flight's three attempts");
+
+    // Within the 2 s: the same error, no call; then one attempt.
+    gateway.provider.push_script(limited("2"));
+    let replies = repeat_until_a_call(&gateway, &body).await;
+    assert!(replies.len() >= 2, "the immediate repeat made no call");
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.body, first.body, "the provider's error, as it came");
+        assert_eq!(reply.header("x-should-retry"), Some("false"));
+    }
+    assert_eq!(
+        gateway.provider.calls(),
+        4,
+        "one attempt after the quiet time"
+    );
+
+    // The provider recovers: the next call after the quiet time is one
+    // attempt, and it answers.
+    let replies = repeat_until_a_call(&gateway, &body).await;
+    let last = replies.last().unwrap();
+    assert_eq!(last.status, StatusCode::OK);
+    assert_eq!(last.cache(), "MISS");
+    assert_eq!(gateway.provider.calls(), 5);
+    // And the key is clear again: a new failure gets the full attempts.
+    gateway.wait_idle().await;
+    gateway.provider.set_failure(Some(FailureMode::always(503)));
+    let fresh = gateway.post(PATH, &chat("a new prompt")).await;
+    assert_eq!(fresh.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(gateway.provider.calls(), 8);
 }

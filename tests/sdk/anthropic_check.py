@@ -12,7 +12,8 @@ herd overlaps by construction, not by luck) and counts the upstream calls:
 - tenants:   one prompt sent at once with two different API keys.
 - same_key:  one key sent as `x-api-key`, then as `Authorization: Bearer` (the SDK's `api_key`).
 - overload:  one call while the provider answers 529 once (the SDK's own retries are off).
-- bad:       requests corral refuses (400, in Anthropic's error shape).
+- bad:       requests the provider refuses (400, in Anthropic's error shape): corral passes the
+             provider's own rules to the provider and relays its answer as it came.
 - auth:      against a gateway with gateway keys: a wrong key, then a right one.
 
 Two clients: `x_api_key` sends its key as `x-api-key` (older SDKs, curl, coding agents); `bearer`
@@ -149,7 +150,7 @@ async def overload(clients, results, check):
 async def bad(clients, results, check):
     refused = []
     for kwargs in [
-        dict(body("hi"), messages=[{"role": "system", "content": "not a role here"}]),
+        dict(body("hi"), messages=[{"role": "narrator", "content": "not a role here"}]),
         dict(body("hi"), extra_body={"temperature": 5}),
     ]:
         try:

@@ -207,9 +207,44 @@ fn keyed_and_delivery_fields() {
         ("stream", json!(true)),
         ("stream_options", json!({"include_obfuscation": false})),
         ("safety_identifier", json!("s-1")),
+        ("prompt_cache_key", json!("session-1")),
+        ("metadata", json!({"run": "1"})),
+        (
+            "client_metadata",
+            json!({"session_id": "s", "turn_id": "t"}),
+        ),
     ] {
         assert_eq!(key(with(field, value)), key(base.clone()), "{field}");
     }
+    // The id of an item that carries its content only names it; an
+    // item_reference's id is its content, and so is a stored reasoning item's.
+    let input = |items: Value| key(with("input", items));
+    assert_eq!(
+        input(json!([{"type": "message", "id": "msg_1", "role": "user", "content": "hi"}])),
+        input(json!([{"type": "message", "id": "msg_2", "role": "user", "content": "hi"}])),
+    );
+    assert_eq!(
+        input(
+            json!([{"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{}"}])
+        ),
+        input(json!([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])),
+    );
+    for kept in [
+        json!({"type": "item_reference", "id": "msg_1"}),
+        json!({"type": "reasoning", "id": "rs_1", "summary": []}),
+        json!({"type": "some_future_item", "id": "x_1"}),
+    ] {
+        let mut other = kept.clone();
+        other["id"] = json!("other");
+        assert_ne!(input(json!([kept])), input(json!([other])), "{kept}");
+    }
+    let encrypted = |id: &str| json!([{"type": "reasoning", "id": id, "summary": [], "encrypted_content": "gAAA"}]);
+    assert_eq!(input(encrypted("rs_1")), input(encrypted("rs_2")));
+    // The call id links a call to its output: keyed.
+    assert_ne!(
+        input(json!([{"type": "function_call_output", "call_id": "a", "output": "1"}])),
+        input(json!([{"type": "function_call_output", "call_id": "b", "output": "1"}])),
+    );
     for (field, value) in [
         ("previous_response_id", json!("resp_a")),
         ("instructions", json!("Be terse.")),
@@ -248,18 +283,18 @@ fn sampling_background_conversation_and_completeness() {
     incomplete["status"] = json!("incomplete");
     assert!(!RESPONSES.is_complete(incomplete.to_string().as_bytes()));
     assert!(!RESPONSES.is_complete(b"{\"object\":\"response\""));
-    let bad = RESPONSES.check(
+    let limits = InputLimits {
+        max_json_depth: 32,
+        max_messages: 100,
+    };
+    // The provider's rules are the provider's; corral checks what it reads.
+    let odd = RESPONSES.check(
         &body(json!({"model": "m", "previous_response_id": 7})),
-        InputLimits {
-            max_json_depth: 32,
-            max_messages: 100,
-        },
+        limits,
     );
-    assert!(
-        bad.unwrap_err()
-            .to_string()
-            .contains("previous_response_id")
-    );
+    assert!(odd.is_ok());
+    let bad = RESPONSES.check(&body(json!({"model": "m", "background": "yes"})), limits);
+    assert!(bad.unwrap_err().to_string().contains("background"));
     let upstream = RESPONSES.stream_request(&body(json!({"model": "m"})));
     let sent: Value = serde_json::from_slice(&upstream.body).unwrap();
     assert_eq!(sent, json!({"model": "m", "stream": true}));

@@ -1,0 +1,179 @@
+//! Failures remembered by this instance, so one client call never multiplies.
+//!
+//! corral retries a provider `retry.max_attempts` times, then relays the error
+//! with `x-should-retry: false`. Not every client obeys that header (the
+//! Vercel AI SDK retries twice whatever it says), and each retry of an
+//! uncoalesced repeat used to start a new flight with all its attempts: one
+//! SDK call against an always-429 provider cost 9 attempts. So a flight that
+//! ended in a transient provider failure (`GatewayError::is_transient_upstream_failure`)
+//! is remembered under its key:
+//!
+//! - for the provider's `Retry-After` (at most [`MAX_QUIET`]), else
+//!   `cache.error_ttl`, a repeat gets the same error at once, without a call;
+//! - after that, until a call of that key succeeds (or [`FAILING_FOR`] passes
+//!   without another failure), a repeat's flight makes one attempt, not
+//!   `max_attempts`: the provider has just said what many attempts get.
+//!
+//! With Redis the cluster's flight record answers repeats on every instance
+//! too (`cluster.rs`); this memory is the instance's own, and works without.
+//! Keys are cache keys, which carry the tenant scope: one tenant's failure
+//! never answers another's request.
+
+use std::{sync::Arc, time::Duration};
+
+use moka::sync::Cache;
+use tokio::time::Instant;
+
+use crate::{error::GatewayError, fingerprint::Fingerprint};
+
+/// The longest a remembered error answers repeats without a call, whatever
+/// `Retry-After` says: the longest wait the provider SDKs honour themselves.
+pub const MAX_QUIET: Duration = Duration::from_secs(60);
+
+/// How long a key stays failing (one attempt per flight) after its last failure.
+pub const FAILING_FOR: Duration = Duration::from_secs(600);
+
+/// What the memory holds at most, in bytes (error bodies weighed in full).
+const MAX_BYTES: u64 = 16 << 20;
+
+/// One key's last transient failure.
+#[derive(Debug)]
+struct Failure {
+    error: Arc<GatewayError>,
+    quiet_until: Instant,
+}
+
+/// What a new flight of a key should do, given its failures.
+#[derive(Debug)]
+pub enum Recall {
+    /// It failed moments ago: answer with that error, make no call.
+    Quiet(Arc<GatewayError>),
+    /// It failed, and the quiet time is over: one attempt.
+    Failing,
+    /// No failure remembered: an ordinary call.
+    Clear,
+}
+
+/// Transient failures by key (see the module doc).
+#[derive(Debug)]
+pub struct FailureMemory {
+    failures: Cache<Fingerprint, Arc<Failure>>,
+    /// The quiet time of a failure whose provider sent no `Retry-After`.
+    quiet: Duration,
+}
+
+impl FailureMemory {
+    /// `quiet`: how long a failure without `Retry-After` answers repeats
+    /// (`cache.error_ttl`; zero: repeats always call, once).
+    pub fn new(quiet: Duration) -> Self {
+        Self {
+            failures: Cache::builder()
+                .max_capacity(MAX_BYTES)
+                .weigher(|_, failure: &Arc<Failure>| {
+                    let body = match &*failure.error {
+                        GatewayError::Upstream { body, .. } => body.len(),
+                        _ => 0,
+                    };
+                    u32::try_from(body + 256).unwrap_or(u32::MAX)
+                })
+                .time_to_live(FAILING_FOR)
+                .build(),
+            quiet,
+        }
+    }
+
+    pub fn recall(&self, key: &Fingerprint) -> Recall {
+        match self.failures.get(key) {
+            None => Recall::Clear,
+            Some(failure) if Instant::now() < failure.quiet_until => {
+                Recall::Quiet(failure.error.clone())
+            }
+            Some(_) => Recall::Failing,
+        }
+    }
+
+    /// Records how a flight's upstream call ended: a transient failure is
+    /// remembered, anything else that came from the provider clears the key.
+    /// A failure local to this instance (its circuit, its caps, shutdown)
+    /// says nothing about the provider and changes nothing.
+    pub fn settle<T>(&self, key: &Fingerprint, result: &Result<T, Arc<GatewayError>>) {
+        match result {
+            Err(error) if error.is_transient_upstream_failure() => {
+                let quiet = error.provider_retry_after(MAX_QUIET).unwrap_or(self.quiet);
+                self.failures.insert(
+                    *key,
+                    Arc::new(Failure {
+                        error: error.clone(),
+                        quiet_until: Instant::now() + quiet,
+                    }),
+                );
+            }
+            Err(error) if error.is_local_to_instance() => {}
+            _ => self.failures.invalidate(key),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderValue, StatusCode};
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn key(byte: u8) -> Fingerprint {
+        Fingerprint::from_hex(&format!("{byte:02x}").repeat(32)).unwrap()
+    }
+
+    fn provider(status: u16, retry_after: Option<&'static str>) -> Arc<GatewayError> {
+        Arc::new(GatewayError::Upstream {
+            status: StatusCode::from_u16(status).unwrap(),
+            content_type: None,
+            retry_after: retry_after.map(HeaderValue::from_static),
+            body: Bytes::from_static(b"{}"),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_failure_answers_for_its_retry_after_then_allows_one_attempt() {
+        let memory = FailureMemory::new(Duration::from_secs(5));
+        memory.settle::<()>(&key(1), &Err(provider(429, Some("2"))));
+        assert!(matches!(memory.recall(&key(1)), Recall::Quiet(_)));
+        assert!(matches!(memory.recall(&key(2)), Recall::Clear), "per key");
+        tokio::time::advance(Duration::from_millis(2001)).await;
+        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
+        // It fails again: quiet again; then a success clears it.
+        memory.settle::<()>(&key(1), &Err(provider(503, None)));
+        assert!(matches!(memory.recall(&key(1)), Recall::Quiet(_)));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
+        memory.settle(&key(1), &Ok(()));
+        assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_transient_provider_failures_are_remembered_and_retry_after_is_bounded() {
+        let memory = FailureMemory::new(Duration::ZERO);
+        for refused in [
+            provider(400, None),
+            provider(401, None),
+            provider(404, None),
+        ] {
+            memory.settle::<()>(&key(1), &Err(refused));
+            assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+        }
+        let local = Arc::new(GatewayError::CircuitOpen {
+            upstream: "u".into(),
+            retry_after: Duration::from_secs(1),
+        });
+        memory.settle::<()>(&key(1), &Err(local));
+        assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+        // No Retry-After and no quiet time: the next flight calls, once.
+        memory.settle::<()>(&key(1), &Err(provider(500, None)));
+        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
+        // A hostile Retry-After neither panics nor silences a key for long.
+        memory.settle::<()>(&key(2), &Err(provider(429, Some("1e300"))));
+        tokio::time::advance(MAX_QUIET).await;
+        assert!(matches!(memory.recall(&key(2)), Recall::Failing));
+    }
+}
