@@ -14,9 +14,11 @@
 //! [`synthesize`](Wire::synthesize) rebuilds an event sequence that accumulates back to the
 //! object (usage included: `message_delta` repeats the cumulative input counts, as the API does).
 //!
-//! The request is keyed on every field but `stream` and `metadata.user_id` (who asked, not what
-//! was asked); the `anthropic-version` and `anthropic-beta` headers are keyed too
-//! (`request::KEYED_HEADERS`). `messages` text is normalized like chat's. The API has no
+//! The request is keyed on every field but `stream` and the label fields (`metadata`, whose
+//! `user_id` says who asked, not what was asked; tools' `eager_input_streaming`, a stream-only
+//! delivery flag); the `anthropic-version` and `anthropic-beta` headers are keyed too
+//! (`request::KEYED_HEADERS`). `messages` text is normalized like chat's. Only what corral reads
+//! is checked: roles, `system` turns, block types and `max_tokens` are Anthropic's to judge. The API has no
 //! seed: a request without `temperature: 0` is sampled (the current SDKs send no temperature
 //! unless told), so it is coalesced always and stored only under `cache.sampled: true`.
 //! Refusals are in Anthropic's error shape.

@@ -12,8 +12,10 @@
 //! `response` of `response.completed`, and [`synthesize`](Wire::synthesize) rebuilds the event
 //! sequence the SDKs accumulate (items, content parts, text deltas of at most 64 characters).
 //!
-//! The request is keyed on every field but the delivery ones (`stream`, `stream_options`,
-//! `user`, `safety_identifier`): `previous_response_id`, `instructions`, `tools`, `reasoning`,
+//! The request is keyed on every field but the delivery ones (`stream`, `stream_options`) and
+//! the label fields (`user`, `safety_identifier`, `prompt_cache_key`, `metadata`,
+//! `client_metadata`, the ids of inline `input` items), whose echoes in the answer each caller
+//! receives as its own (`echo.rs`): `previous_response_id`, `instructions`, `tools`, `reasoning`,
 //! `text` (its `format`), `include`, `store` and any field corral does not know all split the
 //! key. `input` items' text is normalized like chat `messages`. A request without
 //! `temperature: 0` is sampled. A `background` request (its first answer is not final) and one
