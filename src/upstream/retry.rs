@@ -82,24 +82,35 @@ fn error_code(body: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// `retry-after-ms` (OpenAI's, precise) or `Retry-After` in seconds or as an HTTP date.
+/// The longest wait a provider's hint can ask for. Every number a provider
+/// sends is bounded: `Retry-After: 1e20` would overflow a `Duration` and an
+/// `Instant`, and no retry is worth a longer wait.
+pub const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// `retry-after-ms` (OpenAI's, precise) or `Retry-After` in seconds or as an
+/// HTTP date, at most [`LONGEST_RETRY_AFTER`].
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let seconds = |text: &str, scale: f64| {
+        let value = text.trim().parse::<f64>().ok()? / scale;
+        (value.is_finite() && value >= 0.0)
+            .then(|| Duration::from_secs_f64(value.min(LONGEST_RETRY_AFTER.as_secs_f64())))
+    };
     if let Some(ms) = headers
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .and_then(|v| seconds(v, 1000.0))
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(ms);
     }
     let value = headers.get("retry-after")?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+    if value.parse::<f64>().is_ok() {
+        return seconds(value, 1.0);
     }
     let when = httpdate::parse_http_date(value).ok()?;
     Some(
         when.duration_since(std::time::SystemTime::now())
-            .unwrap_or_default(),
+            .unwrap_or_default()
+            .min(LONGEST_RETRY_AFTER),
     )
 }
 
@@ -332,6 +343,25 @@ mod tests {
         let mut junk = HeaderMap::new();
         junk.insert("retry-after", HeaderValue::from_static("soon"));
         assert_eq!(retry_after(&junk), None);
+        // Whatever a provider sends is bounded, never a panic.
+        for (name, value) in [
+            ("retry-after", "1e20"),
+            ("retry-after-ms", "1e23"),
+            ("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT"),
+        ] {
+            let mut huge = HeaderMap::new();
+            huge.insert(name, HeaderValue::from_static(value));
+            assert_eq!(
+                retry_after(&huge),
+                Some(LONGEST_RETRY_AFTER),
+                "{name}: {value}"
+            );
+        }
+        for value in ["NaN", "inf", "-1"] {
+            let mut odd = HeaderMap::new();
+            odd.insert("retry-after", HeaderValue::from_static(value));
+            assert_eq!(retry_after(&odd), None, "{value}");
+        }
     }
 
     proptest! {

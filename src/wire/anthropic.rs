@@ -248,7 +248,12 @@ fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
                     .get("delta")
                     .and_then(Value::as_object)
                     .ok_or(ConvertError::Malformed("content_block_delta.delta"))?;
-                let block = blocks(message)?
+                let blocks = blocks(message)?;
+                // `message_start` may carry blocks of its own: a buffer for each block there is.
+                if json_buffers.len() < blocks.len() {
+                    json_buffers.resize(blocks.len(), String::new());
+                }
+                let block = blocks
                     .get_mut(at)
                     .and_then(Value::as_object_mut)
                     .ok_or(ConvertError::Malformed("content_block_delta.index"))?;

@@ -159,3 +159,43 @@ async fn a_failed_call_is_remembered_so_repeats_never_multiply_attempts() {
     assert_eq!(fresh.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(gateway.provider.calls(), 8);
 }
+
+/// Nothing a provider sends can panic a task or drop a connection: a
+/// `Retry-After` of 1e20 seconds (or `retry-after-ms` of 1e23) is bounded, the
+/// flight gives up waiting (the hint is past `retry.deadline`) and relays the
+/// provider's answer, and so does the pass-through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_retry_after_is_bounded_and_relayed_not_a_panic() {
+    let gateway = TestGateway::start(|_| {}).await;
+    for (header, value) in [("retry-after", "1e20"), ("retry-after-ms", "1e23")] {
+        let mut overloaded = Scripted::json(503, error_body("overloaded"));
+        overloaded.headers.push((header.into(), value.into()));
+        gateway.provider.push_script(overloaded);
+        let before = gateway.provider.calls();
+        let reply = gateway.post(PATH, &chat(&format!("absurd {header}"))).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{header}");
+        assert_eq!(reply.json()["error"]["code"], "overloaded", "{header}");
+        assert_eq!(
+            gateway.provider.calls(),
+            before + 1,
+            "{header}: one attempt, no re-elected owners"
+        );
+    }
+    let mut limited = Scripted::json(429, error_body("rate_limit_exceeded"));
+    limited.headers.push(("retry-after".into(), "1e20".into()));
+    gateway.provider.push_script(limited);
+    let boundary = "corral-retry-after";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let passed = gateway
+        .post_raw(
+            "/v1/audio/transcriptions",
+            upload,
+            &[("content-type", content_type.as_str())],
+        )
+        .await;
+    assert_eq!(passed.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(passed.json()["error"]["code"], "rate_limit_exceeded");
+}

@@ -357,3 +357,33 @@ proptest! {
         prop_assert_eq!(again, message);
     }
 }
+
+/// A provider's odd stream never panics the assembler: a `message_start`
+/// that already carries a block, then deltas for it (or for a block that
+/// does not exist), is accumulated or refused as malformed.
+#[test]
+fn a_message_start_with_content_is_accumulated_not_a_panic() {
+    let start = event(
+        json!({"type": "message_start", "message": {"id": "m", "type": "message",
+        "role": "assistant", "model": "c", "content": [{"type": "text", "text": "Hel"}],
+        "stop_reason": null, "usage": {"input_tokens": 1, "output_tokens": 0}}}),
+    );
+    let delta = |index: u64| {
+        event(json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "text_delta", "text": "lo"}}))
+    };
+    let end = [
+        event(json!({"type": "content_block_stop", "index": 0})),
+        event(
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+        ),
+        event(json!({"type": "message_stop"})),
+    ];
+    let mut events = vec![start.clone(), delta(0)];
+    events.extend(end.iter().cloned());
+    let message = MESSAGES.assemble(&events).unwrap();
+    assert_eq!(message["content"][0]["text"], "Hello");
+    let mut beyond = vec![start, delta(7)];
+    beyond.extend(end);
+    assert!(MESSAGES.assemble(&beyond).is_err());
+}
