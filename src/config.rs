@@ -244,6 +244,20 @@ pub enum Api {
     Anthropic,
 }
 
+impl UpstreamConfig {
+    /// What answers this upstream's requests, as keys name it: the API it
+    /// speaks and its base URL, never its name (a label an operator may move
+    /// to another provider, or give two upstreams). A changed provider or base
+    /// URL is another key, so no answer of the old one is served for it.
+    pub fn identity(&self) -> String {
+        format!(
+            "{}\u{0}{}",
+            self.api.as_str(),
+            self.base_url.trim_end_matches('/')
+        )
+    }
+}
+
 impl Api {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -1174,6 +1188,20 @@ impl Config {
             ));
         }
         for (i, upstream) in self.upstreams.iter().enumerate() {
+            // Metrics, logs and `/stats` name an upstream by its name: two of one
+            // name would be one row for two providers.
+            if let Some(first) = self.upstreams[..i]
+                .iter()
+                .position(|earlier| earlier.name == upstream.name)
+            {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].name"),
+                    format!(
+                        "`{}` names upstreams[{first}] too; every upstream needs a name of its own",
+                        upstream.name
+                    ),
+                ));
+            }
             let url = reqwest::Url::parse(&upstream.base_url).map_err(|err| {
                 ConfigError::key(format!("upstreams[{i}].base_url"), err.to_string())
             })?;

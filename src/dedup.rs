@@ -116,7 +116,7 @@ impl RawRequest {
             self.query.as_deref(),
             self.body.clone(),
             &app.routes,
-            &app.upstream_names,
+            &app.upstream_keys,
             app.request_rules(),
         )
     }

@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 pub use crate::tenant::TenantScope;
 
 /// Bumped whenever the canonical form changes, so old keys can never alias new ones.
-const KEY_VERSION: &[u8] = b"corral-key-v1";
+/// v2: upstreams are keyed by their identity (API and base URL), not their name.
+const KEY_VERSION: &[u8] = b"corral-key-v2";
 
 /// The deduplicated endpoints. Each speaks one wire format, whose adapter
 /// (`wire::of`) knows its fields, streams and completeness rule.
@@ -293,7 +294,8 @@ pub struct CacheKey {
 #[derive(Debug)]
 pub struct KeyInput<'a> {
     pub endpoint: Endpoint,
-    /// Name of the resolved upstream: one prompt sent to two providers is two answers.
+    /// The resolved upstream's identity (`UpstreamConfig::identity`: its API
+    /// and base URL, not its name): one prompt sent to two providers is two answers.
     pub upstream: &'a str,
     pub scope: &'a TenantScope,
     /// Keyed request headers, lower-case names, sorted by name.

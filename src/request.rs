@@ -207,7 +207,7 @@ impl DedupRequest {
         query: Option<&str>,
         raw_body: Bytes,
         routes: &Routes,
-        upstream_names: &[String],
+        upstream_keys: &[String],
         rules: impl Into<RequestRules<'a>>,
     ) -> Result<Self, GatewayError> {
         let rules = rules.into();
@@ -310,7 +310,7 @@ impl DedupRequest {
         };
         let fingerprint = Fingerprint::of(&KeyInput {
             endpoint,
-            upstream: &upstream_names[upstream],
+            upstream: &upstream_keys[upstream],
             scope: &scope,
             headers: &keyed_headers,
             query: &query_pairs,
@@ -399,7 +399,7 @@ mod tests {
     ) -> Result<DedupRequest, GatewayError> {
         let config = Config::for_tests("http://127.0.0.1:1/v1");
         let routes = Routes::new(&config.upstreams);
-        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.identity()).collect();
         let map = header_map(headers);
         DedupRequest::parse(
             Endpoint::ChatCompletions,
@@ -420,7 +420,7 @@ mod tests {
         let mut config = Config::for_tests("http://127.0.0.1:1/v1");
         config.upstreams[0].api = Api::Anthropic;
         let routes = Routes::new(&config.upstreams);
-        let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.identity()).collect();
         let map = header_map(headers);
         let body = r#"{"model":"m","max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
         DedupRequest::parse(

@@ -41,6 +41,8 @@ pub struct AppState {
     pub routes: Routes,
     /// `config.upstreams[i].name`, indexed like the routes.
     pub upstream_names: Vec<String>,
+    /// `config.upstreams[i].identity()`, what keys name an upstream by.
+    pub upstream_keys: Vec<String>,
     pub cache: Arc<dyn CacheStore>,
     pub coalescer: Coalescer,
     pub upstream: Upstream,
@@ -184,6 +186,7 @@ impl AppState {
         Ok(Self {
             routes: Routes::new(&config.upstreams),
             upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
+            upstream_keys: config.upstreams.iter().map(|u| u.identity()).collect(),
             upstream: Upstream::guarded(
                 &config,
                 metrics.clone(),

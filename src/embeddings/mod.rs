@@ -52,7 +52,7 @@ pub async fn serve(
         ItemizedRequest::parse(&request.body, ItemLimits::from(&app.config.limits))
             .map_err(Arc::new)?,
     );
-    let upstream = &app.upstream_names[request.upstream];
+    let upstream = &app.upstream_keys[request.upstream];
     let keys: Arc<[CacheKey]> = (0..itemized.len())
         .map(|item| {
             let key = CacheKey {

@@ -37,4 +37,5 @@ mod slowloris;
 mod streaming;
 mod swr;
 mod traces;
+mod upstream_identity;
 mod workspace;

@@ -206,7 +206,7 @@ pub fn load_corpus() -> Vec<PromptRequest> {
 }
 
 /// What `DedupRequest::parse` needs besides the request, built once: the test
-/// config's routes, upstream names and cache settings.
+/// config's routes, upstream identities and cache settings.
 struct Gateway {
     routes: Routes,
     names: Vec<String>,
@@ -217,7 +217,7 @@ static GATEWAY: LazyLock<Gateway> = LazyLock::new(|| {
     let config = Config::for_tests("http://127.0.0.1:1/v1");
     Gateway {
         routes: Routes::new(&config.upstreams),
-        names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
+        names: config.upstreams.iter().map(|u| u.identity()).collect(),
         cache: config.cache,
     }
 });
