@@ -285,7 +285,7 @@ fn with_recording_span(f: impl FnOnce(&opentelemetry::trace::SpanRef<'_>)) {
 pub fn record_request(model: &str, upstream: &str) {
     with_recording_span(|span| {
         span.set_attributes([
-            KeyValue::new("gen_ai.request.model", model.to_owned()),
+            KeyValue::new("gen_ai.request.model", bounded(model)),
             KeyValue::new("gen_ai.provider.name", upstream.to_owned()),
             KeyValue::new("gen_ai.system", upstream.to_owned()),
         ]);
@@ -314,9 +314,23 @@ pub fn record_answer(usage: Option<Usage>, body: &[u8]) {
             model: Option<std::borrow::Cow<'a, str>>,
         }
         if let Ok(Model { model: Some(model) }) = serde_json::from_slice::<Model<'_>>(body) {
-            span.set_attribute(KeyValue::new("gen_ai.response.model", model.into_owned()));
+            span.set_attribute(KeyValue::new("gen_ai.response.model", bounded(&model)));
         }
     });
+}
+
+/// The longest text an attribute takes from a request or an answer: a
+/// caller's 7 MB `model`, times the export queue's spans, would otherwise
+/// hold gigabytes while a collector is slow. Real model names are far shorter.
+pub const LONGEST_ATTRIBUTE: usize = 256;
+
+/// `text`, cut to [`LONGEST_ATTRIBUTE`] bytes on a character boundary.
+fn bounded(text: &str) -> String {
+    let mut end = text.len().min(LONGEST_ATTRIBUTE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 fn saturating_i64(n: u64) -> i64 {

@@ -7,9 +7,10 @@
 //! A stored vector keeps the provider's own representation: the base64 string
 //! of little-endian f32s it sent a base64 caller, or the JSON numbers it sent a
 //! float caller. Each caller gets its own encoding of it: a base64 string is
-//! decoded to f32s, each printed as the f64 it is exactly (so a float caller
-//! parses the very floats the SDK's base64 decoding yields); floats become
-//! base64 as little-endian f32s, as the provider itself encodes them.
+//! decoded to f32s, each printed as the shortest decimal that reads back as
+//! that f32 (what providers send a float caller: `-0.0078`, not the f64
+//! `-0.007799999788403511` it equals); floats become base64 as little-endian
+//! f32s, as the provider itself encodes them.
 
 use std::collections::HashMap;
 
@@ -361,8 +362,16 @@ fn encode(embedding: &Value, format: EncodingFormat) -> Result<Value, String> {
                 .chunks_exact(4)
                 .map(|chunk| {
                     let value = f32::from_le_bytes(chunk.try_into().expect("four bytes"));
-                    // Exact: every f32 is an f64, printed in its shortest round-trip form.
-                    serde_json::Number::from_f64(f64::from(value))
+                    if !value.is_finite() {
+                        return Err("a stored vector holds a non-finite value".to_owned());
+                    }
+                    // The shortest decimal that reads back as this f32, as an f64
+                    // (which serde_json prints in that same shortest form).
+                    let shortest: f64 = ryu::Buffer::new()
+                        .format_finite(value)
+                        .parse()
+                        .expect("ryu prints a decimal");
+                    serde_json::Number::from_f64(shortest)
                         .map(Value::Number)
                         .ok_or_else(|| "a stored vector holds a non-finite value".to_owned())
                 })
@@ -499,8 +508,8 @@ mod tests {
 
     #[test]
     fn each_caller_gets_its_format_of_the_same_floats() {
-        // Values that are not short decimals: f32 shortest form would differ from the f64.
-        let values = [0.1_f32, -1.0 / 3.0, 1e-7];
+        // Values whose f64 form is long: a float caller gets the f32's shortest decimal.
+        let values = [0.1_f32, -1.0 / 3.0, 1e-7, -0.0078, 3.4028235e38];
         let stored = serde_json::to_vec(&StoredItem {
             model: "m".into(),
             embedding: Value::String(base64_of(&values)),
@@ -516,10 +525,16 @@ mod tests {
             .iter()
             .map(|v| v.as_f64().unwrap())
             .collect();
-        let expected: Vec<f64> = values.iter().map(|v| f64::from(*v)).collect();
+        let read_back: Vec<f32> = parsed.iter().map(|v| *v as f32).collect();
         assert_eq!(
-            parsed, expected,
-            "a float caller parses the exact f32 values"
+            read_back, values,
+            "a float caller reads the very f32 values"
+        );
+        let text =
+            String::from_utf8_lossy(&serde_json::to_vec(&floats["data"][0]).unwrap()).into_owned();
+        assert!(
+            text.contains("[0.1,-0.33333334,1e-7,-0.0078,3.4028235e+38]"),
+            "the shortest decimals, as providers send them: {text}"
         );
         // And back: floats stored, a base64 caller gets the same bits.
         let from_floats = serde_json::to_vec(&StoredItem {

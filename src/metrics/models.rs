@@ -99,6 +99,9 @@ impl Layer {
     }
 }
 
+/// The longest `model` a price or a route could name; a longer one is `other`.
+pub const LONGEST_MODEL_NAME: usize = 256;
+
 #[derive(Debug)]
 pub struct ModelTable {
     /// The configured prices, then the snapshot.
@@ -190,6 +193,11 @@ impl ModelTable {
     /// The label for a request's `model`: a configured exact name, a literal
     /// route name, a configured glob, then the snapshot, else `other`.
     pub fn label(&self, model: &str) -> ModelLabel {
+        // No price or route names a model this long: `other`, without
+        // folding and matching megabytes of a caller's text against every glob.
+        if model.len() > LONGEST_MODEL_NAME {
+            return self.other.clone();
+        }
         let lower = model.to_lowercase();
         self.layers[0]
             .exact
@@ -255,6 +263,11 @@ mod tests {
         assert_eq!(label("my-finetune"), "my-finetune", "literal route name");
         assert_eq!(label("gpt-anything-a-caller-invents"), "other");
         assert_eq!(label("sk-live-secret-as-a-model"), "other");
+        assert_eq!(
+            label(&"gpt-4o".repeat(1 << 20)),
+            "other",
+            "too long to be a name"
+        );
         assert_eq!(label("claude-custom"), "claude-custom");
         // A literal route name is priced by the glob that covers it.
         assert_eq!(table.label("claude-custom").price(), Some(price(3.0, 15.0)));

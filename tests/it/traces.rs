@@ -611,3 +611,40 @@ async fn a_request_answered_by_another_instances_flight_is_a_remote_follower() {
 async fn script_calls(redis: &RedisServer) -> u64 {
     redis.command_calls("evalsha").await + redis.command_calls("eval").await
 }
+
+/// A caller's `model` is its own text, and may be megabytes: what a span
+/// keeps of it is bounded (the export queue holds thousands of spans while a
+/// collector is slow), and the price lookup names it `other` without matching
+/// it against every price.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_model_name_is_bounded_in_spans_and_metrics() {
+    let collector = Collector::start().await;
+    let gateway = traced_gateway(&collector).await;
+    let model = "m".repeat(7 << 20);
+    let body = json!({"model": model, "temperature": 0,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let reply = gateway.post(CHAT, &body).await;
+    assert_eq!(reply.status, 200);
+    let metrics = gateway.get("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(!text.contains("mmmmmmmm"), "no label holds the model");
+    gateway.stop().await;
+    let spans = collector.spans(2).await;
+    let server = of_kind(&spans, SpanKind::Server)[0];
+    let requested = server.attr("gen_ai.request.model").expect("the model");
+    assert!(
+        !requested.is_empty() && requested.len() <= corral::traces::LONGEST_ATTRIBUTE,
+        "{} bytes",
+        requested.len()
+    );
+    for span in &spans {
+        for (key, value) in &span.attributes {
+            assert!(
+                value.len() <= corral::traces::LONGEST_ATTRIBUTE.max(64),
+                "{}: `{key}` holds {} bytes",
+                span.name,
+                value.len()
+            );
+        }
+    }
+}

@@ -4,11 +4,15 @@ Usage: python3 embeddings_check.py BASE_URL   (e.g. http://127.0.0.1:PORT/v1)
 
 The SDK asks for base64 by default and decodes it to floats itself; a caller
 that passes encoding_format="float" gets JSON numbers. Both callers of the same
-inputs must share corral's entries and see the very same floats. Prints one
-JSON line of what was seen and exits non-zero if a check failed.
+inputs must share corral's entries and see the very same f32 values: the base64
+caller each f32 exactly, the float caller its shortest decimal, as the provider
+prints it (so the Python floats differ below f32 precision, as they do without
+corral). Prints one JSON line of what was seen and exits non-zero if a check
+failed.
 """
 
 import json
+import struct
 import sys
 import traceback
 
@@ -17,6 +21,11 @@ import openai
 MODEL = "text-embedding-3-small"
 FIRST = ["the sdk's first input", "the sdk's second input", "the sdk's third input"]
 LATER = "embedded first as floats"
+
+
+def as_f32(vector):
+    """The f32 bit patterns a vector's floats name."""
+    return list(struct.unpack(f"<{len(vector)}I", struct.pack(f"<{len(vector)}f", *vector)))
 
 
 def main() -> int:
@@ -34,7 +43,7 @@ def main() -> int:
         vectors = [item.embedding for item in response.data]
         check([item.index for item in response.data] == list(range(len(inputs))), "indices")
         check(all(isinstance(v, float) for vector in vectors for v in vector), "not floats")
-        return raw.headers.get("x-corral-items"), vectors
+        return raw.headers.get("x-corral-items"), [as_f32(vector) for vector in vectors]
 
     try:
         # SDK default (base64 on the wire, decoded by the SDK), then float callers.

@@ -265,9 +265,10 @@ pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
                 let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
                 Value::String(base64_encode(&bytes))
             } else {
-                // As OpenAI prints them: each f32 as the f64 it is exactly, so a
-                // float caller parses what a base64 caller decodes.
-                json!(vector.iter().map(|v| f64::from(*v)).collect::<Vec<f64>>())
+                // As OpenAI prints them: each f32 as the shortest decimal that
+                // reads back as that f32 (`-0.0078`), which a float caller
+                // parses to the f32 a base64 caller decodes.
+                json!(vector.iter().map(|v| shortest(*v)).collect::<Vec<f64>>())
             };
             json!({"object": "embedding", "index": index, "embedding": embedding})
         })
@@ -554,11 +555,18 @@ pub(super) fn short_digest(text: &str) -> String {
     digest
 }
 
+/// The shortest decimal that reads back as `value` (serde_json prints an f32
+/// so), as the f64 that decimal names.
+fn shortest(value: f32) -> f64 {
+    let text = serde_json::to_string(&value).expect("a finite f32 prints");
+    text.parse().expect("a printed f32 parses")
+}
+
 /// `dimensions` values in `[-1, 1)`, a function of the model and the input: four bytes of
 /// SHA-256(model ‖ 0 ‖ block number ‖ input) per value, read as a 24-bit fraction.
 ///
-/// Each value is exact in f32 but not a short decimal, so an encoding that loses precision
-/// (printing the f32's shortest form, say) shows up as a different float in a client.
+/// Each value is exact in f32 but its f64 is not a short decimal, so a gateway that prints
+/// the f64 rather than the f32's shortest form (or loses precision) shows up in a client.
 pub(super) fn embedding_vector(model: &str, input: &str, dimensions: usize) -> Vec<f32> {
     let mut vector = Vec::with_capacity(dimensions);
     let mut block: u32 = 0;
