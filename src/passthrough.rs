@@ -41,9 +41,14 @@ pub const STATELESS: &[&str] = &[
 ];
 
 /// A request path below `/v1`, checked to stay there; kept as it arrived
-/// (percent-encoding included), so the provider sees the caller's bytes.
+/// (percent-encoding included), so the provider sees the caller's bytes, and
+/// decoded, so rules and routes see what the provider will make of it
+/// (`/v1/%66iles` is `/v1/files` to a deny rule as to the provider).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProxyPath(String);
+pub struct ProxyPath {
+    raw: String,
+    decoded: String,
+}
 
 impl ProxyPath {
     /// `path` is the request's raw path (not percent-decoded), `/v1/...`.
@@ -56,12 +61,26 @@ impl ProxyPath {
         for segment in rest[1..].split('/') {
             check_segment(segment).map_err(refuse)?;
         }
-        Ok(Self(rest.to_owned()))
+        // No escape left can make a segment (encoded dots, slashes,
+        // backslashes and percent signs are refused above).
+        let decoded = percent_encoding::percent_decode_str(path)
+            .decode_utf8()
+            .map_err(|_| refuse("it has a percent-escape that is not UTF-8"))?
+            .into_owned();
+        Ok(Self {
+            raw: rest.to_owned(),
+            decoded,
+        })
     }
 
-    /// Below the upstream's base URL, e.g. `/files/file-abc`.
+    /// Below the upstream's base URL as it came, e.g. `/files/file-abc`.
     pub fn below_base(&self) -> &str {
-        &self.0
+        &self.raw
+    }
+
+    /// The whole path, `/v1/...`, percent-decoded: what rules and routes match.
+    pub fn decoded(&self) -> &str {
+        &self.decoded
     }
 }
 
@@ -205,6 +224,25 @@ mod tests {
             let parsed = ProxyPath::parse(path).unwrap_or_else(|err| panic!("{path}: {err}"));
             assert_eq!(parsed.below_base(), &path[3..]);
         }
+    }
+
+    #[test]
+    fn rules_match_the_decoded_path_the_provider_sees() {
+        let policy = Policy::new(&PassthroughConfig {
+            allow: Vec::new(),
+            deny: vec!["GET /v1/files*".into()],
+        })
+        .unwrap();
+        for path in ["/v1/files", "/v1/%66iles", "/v1/%66%69%6c%65%73/f-1"] {
+            let parsed = ProxyPath::parse(path).unwrap();
+            assert!(parsed.decoded().starts_with("/v1/files"), "{path}");
+            assert_eq!(parsed.below_base(), &path[3..], "sent as it came");
+            assert!(
+                policy.check(&Method::GET, parsed.decoded(), false).is_err(),
+                "{path}"
+            );
+        }
+        assert!(ProxyPath::parse("/v1/%ff").is_err(), "not UTF-8");
     }
 
     #[test]

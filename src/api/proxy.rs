@@ -72,7 +72,8 @@ async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, Gateway
     let method = parts.method.clone();
     let headers = std::mem::take(&mut parts.headers);
     let query = parts.uri.query().map(str::to_owned);
-    let full_path = parts.uri.path().to_owned();
+    // What the provider will make of the path: rules and routes match this.
+    let full_path = path.decoded().to_owned();
     let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
     let body = read_body(body, app.config.limits.max_body_bytes)?;
     if method == Method::GET && full_path == "/v1/models" {
@@ -140,11 +141,19 @@ async fn relay(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayE
     let started = Instant::now();
     let upstream = app.upstream.call_streaming(outbound).await?;
     let status = upstream.status();
+    let shared_key = app.config.upstreams[outbound.upstream].api_key.is_some();
     let mut response_headers = HeaderMap::new();
     for (name, value) in upstream.headers() {
         // corral's own headers are corral's to set: a provider cannot forge them.
         let internal = name.as_str().starts_with("x-corral-");
-        if !HOP_BY_HOP.contains(&name.as_str()) && name != header::SET_COOKIE && !internal {
+        // Under corral's own key the account is every tenant's: its
+        // organization, project and rate-limit state are nobody's to read.
+        let account = shared_key && is_account_header(name.as_str());
+        if !HOP_BY_HOP.contains(&name.as_str())
+            && name != header::SET_COOKIE
+            && !internal
+            && !account
+        {
             response_headers.append(name.clone(), value.clone());
         }
     }
@@ -161,6 +170,16 @@ async fn relay(app: &AppState, outbound: &Outbound) -> Result<Response, GatewayE
     Ok(response)
 }
 
+/// A response header that describes the provider account a call was made
+/// with, not the call: its organization and project, its rate-limit state.
+fn is_account_header(name: &str) -> bool {
+    matches!(
+        name,
+        "openai-organization" | "openai-project" | "anthropic-organization-id"
+    ) || name.starts_with("x-ratelimit-")
+        || name.starts_with("anthropic-ratelimit-")
+}
+
 /// The model a proxied request is routed by: `GET /v1/models/{id}` by its
 /// id, a JSON body by its `model`, a multipart form (an audio file, say) by
 /// its `model` field. None: the first upstream.
@@ -170,13 +189,11 @@ async fn routing_model(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Option<String> {
+    // `path` is decoded already (`ProxyPath::decoded`).
     if *method == Method::GET
         && let Some(id) = path.strip_prefix("/v1/models/")
     {
-        return percent_encoding::percent_decode_str(id)
-            .decode_utf8()
-            .ok()
-            .map(|id| id.into_owned());
+        return Some(id.to_owned());
     }
     let content_type = headers
         .get(header::CONTENT_TYPE)

@@ -75,8 +75,8 @@ async fn every_traversal_form_is_refused_and_nothing_reaches_the_provider() {
     // A plain path still goes through (so the count above could have moved).
     assert_eq!(
         raw_status(&gateway.url, "GET", "/v1/models/gpt-4o").await,
-        404,
-        "the mock does not know the path, but received it"
+        200,
+        "the mock received it"
     );
     assert_eq!(gateway.provider.received(), ["GET /v1/models/gpt-4o"]);
 }
@@ -139,6 +139,61 @@ async fn files_are_refused_with_a_shared_key_until_the_policy_allows_them() {
     let reply = post_file(&allowed).await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND, "the mock's own answer");
     assert_eq!(allowed.provider.received(), ["POST /v1/files"]);
+}
+
+/// Rules match what the provider makes of a path: a percent-encoded
+/// `/v1/%66iles` is `/v1/files` to a deny rule, as it is to the provider.
+#[tokio::test]
+async fn policy_rules_see_the_decoded_path() {
+    let gateway = TestGateway::start(|config| {
+        config.passthrough.deny = vec!["GET /v1/files*".into()];
+    })
+    .await;
+    for path in [
+        "/v1/files",
+        "/v1/%66iles",
+        "/v1/%66%69les/file-1",
+        "/v1/FILES",
+    ] {
+        let reply = gateway.get(path).await;
+        let expected = if path == "/v1/FILES" {
+            StatusCode::NOT_FOUND // another path, the mock's own answer
+        } else {
+            StatusCode::FORBIDDEN
+        };
+        assert_eq!(reply.status, expected, "{path}");
+    }
+    assert_eq!(gateway.provider.received(), ["GET /v1/FILES"]);
+}
+
+/// Under corral's own provider key the account is every tenant's: a
+/// pass-through relays none of its organization, project or rate-limit
+/// headers. A caller's own key is its own account: they are relayed.
+#[tokio::test]
+async fn the_shared_accounts_headers_reach_no_tenant() {
+    let shared = TestGateway::start(with_shared_key).await;
+    let own = TestGateway::start(|_| {}).await;
+    for (gateway, auth, relayed) in [
+        (&shared, "Bearer gw-1", false),
+        (&own, "Bearer sk-own", true),
+    ] {
+        for path in ["/v1/models/gpt-4o-mini", "/v1/models/gpt-4o"] {
+            let reply = gateway
+                .client
+                .get(format!("{}{path}", gateway.url))
+                .header("authorization", auth)
+                .send()
+                .await
+                .unwrap();
+            for name in ["openai-organization", "x-ratelimit-remaining-requests"] {
+                assert_eq!(
+                    reply.headers().contains_key(name),
+                    relayed,
+                    "{path} {name} with {auth}"
+                );
+            }
+        }
+    }
 }
 
 /// A second mock behind a second upstream that serves `models`.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -36,6 +36,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/responses", post(responses))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .merge(admin::router())
@@ -110,6 +111,19 @@ async fn count_tokens(State(shared): State<Arc<Shared>>, request: Request) -> Re
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
     Json(openai::models(shared.settings.models.as_deref())).into_response()
+}
+
+/// `GET /v1/models/{id}`: one model of the list, or OpenAI's 404 for one it does not serve.
+async fn model(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    match openai::listed_model(shared.settings.models.as_deref(), &id) {
+        Some(model) => Json(model).into_response(),
+        None => openai_error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            &format!("The model `{id}` does not exist or you do not have access to it."),
+            Some("model_not_found"),
+        ),
+    }
 }
 
 /// Notes every request line but the admin calls, before routing: a request for a path the
@@ -360,8 +374,9 @@ pub(super) fn openai_error(
 
 /// Add the headers a real provider sends on every response.
 ///
-/// `set-cookie` and `x-ratelimit-remaining-requests` are per caller, so a gateway that shares one
-/// response among many callers must strip them; the mock sends them so tests can check it does.
+/// `set-cookie` and `x-ratelimit-remaining-requests` are per caller, and `openai-organization`
+/// names the account the key belongs to, so a gateway that shares one response (or one key)
+/// among many callers must strip them; the mock sends them so tests can check it does.
 /// Billable responses are numbered by their call; others carry 0. Headers a script already set
 /// are left alone.
 async fn provider_headers(request: Request, next: Next) -> Response {
@@ -376,6 +391,7 @@ async fn provider_headers(request: Request, next: Next) -> Response {
     set_default(headers, "x-request-id", format!("req_mock_{call}"));
     set_default(headers, "openai-processing-ms", elapsed_ms.to_string());
     set_default(headers, "x-ratelimit-remaining-requests", "999".to_owned());
+    set_default(headers, "openai-organization", "org-mock".to_owned());
     if !headers.contains_key(SET_COOKIE) {
         if let Ok(value) = HeaderValue::try_from(format!("mock_session={call}")) {
             headers.insert(SET_COOKIE, value);

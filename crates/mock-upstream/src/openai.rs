@@ -322,6 +322,15 @@ pub(super) fn models(listed: Option<&[String]>) -> Value {
     json!({"object": "list", "data": data})
 }
 
+/// One model of [`models`]' list, by id.
+pub(super) fn listed_model(listed: Option<&[String]>, id: &str) -> Option<Value> {
+    models(listed)["data"]
+        .as_array()?
+        .iter()
+        .find(|model| model["id"] == id)
+        .cloned()
+}
+
 /// `POST /v1/audio/transcriptions`: the body is multipart (the audio file and the form
 /// fields); the "transcript" only tells how many bytes arrived.
 pub(super) fn transcription(body: &[u8]) -> Answer {
