@@ -333,6 +333,10 @@ async fn serve_parsed(
         .coalescer
         .get_or_fetch(key, request.policy, loader)
         .await;
+    let failed = served
+        .as_ref()
+        .map_or(true, |served| !served.response.status.is_success());
+    release_key_of_failed(&app, &request, failed).await;
     Ok(complete_response(
         &app,
         served,
@@ -471,6 +475,7 @@ async fn serve_stream(
         }
         Ok(Answer::Complete(served)) => {
             if !served.response.status.is_success() {
+                release_key_of_failed(&app, &request, true).await;
                 let mut response = response_from(&served.response);
                 set_status_headers(response.headers_mut(), &request, served.status, false, None);
                 return Ok(response);
@@ -500,6 +505,7 @@ async fn serve_stream(
             )
         }
         Err(error) => {
+            release_key_of_failed(&app, &request, true).await;
             let mut response = error.to_response_as(wire.error_shape());
             response.headers_mut().insert(
                 FINGERPRINT_HEADER_NAME,
@@ -759,6 +765,16 @@ fn response_from(shared: &StoredResponse) -> Response {
         headers.insert(name.clone(), value.clone());
     }
     response
+}
+
+/// A request that failed frees its `Idempotency-Key`: the client may correct
+/// its body (after a provider's 400, say) and send it under the same key.
+async fn release_key_of_failed(app: &AppState, request: &DedupRequest, failed: bool) {
+    if let (true, Some(window), Some(key)) =
+        (failed, &app.retry_window, &request.retry.idempotency_key)
+    {
+        window.release(key, &request.fingerprint).await;
+    }
 }
 
 /// The caller's own label fields in an answer another caller's values may

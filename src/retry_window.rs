@@ -184,6 +184,20 @@ impl RetryWindow {
 
     /// Redis decides when it answers (so two instances agree on who saw a key
     /// first); this process's memory when it does not.
+    /// Unbinds an idempotency key from the request it was bound to, when
+    /// that request failed: a client that corrects its body after a
+    /// provider's 400 and sends it under the same key is a first attempt, not
+    /// a reused key (422). A key bound to another request is left alone.
+    pub async fn release(&self, key: &IdempotencyKey, fingerprint: &Fingerprint) {
+        if self.bindings.get(key).await == Some(*fingerprint) {
+            self.bindings.invalidate(key).await;
+        }
+        if let Some(cluster) = &self.cluster {
+            // Best effort: a binding left in Redis expires with the window.
+            let _ = cluster.release_idempotency_key(key, fingerprint).await;
+        }
+    }
+
     async fn bind(&self, key: &IdempotencyKey, fingerprint: &Fingerprint) -> Binding {
         if let Some(cluster) = &self.cluster
             && let Ok(bound) = cluster

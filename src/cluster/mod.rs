@@ -533,6 +533,36 @@ impl Cluster {
         Ok(found)
     }
 
+    /// Unbinds `key` if it is bound to `fingerprint`: the request it was
+    /// bound to failed, so the client may send a corrected one under it. (A
+    /// sealed value differs per write, so this reads, opens and compares
+    /// before it deletes; a binding to another request is left alone.)
+    pub async fn release_idempotency_key(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<(), Unavailable> {
+        let name = self.keys.idempotency(key);
+        let bound = self
+            .get_value("get idempotency key", name.clone(), |plain| {
+                std::str::from_utf8(plain)
+                    .ok()
+                    .and_then(Fingerprint::from_hex)
+                    .ok_or(codec::DecodeError::Header("not a fingerprint".into()))
+            })
+            .await?;
+        if bound == Some(*fingerprint) {
+            self.run("release idempotency key", |mut conn| async move {
+                redis::cmd("DEL")
+                    .arg(name)
+                    .query_async::<()>(&mut conn)
+                    .await
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Reads key `name`, decrypts and decodes it. A value that does not
     /// decrypt or does not belong to its key is a counted miss, never served.
     async fn get_value<T>(

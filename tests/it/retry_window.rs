@@ -319,3 +319,50 @@ async fn a_streamed_retry_of_a_running_stream_joins_it() {
     assert_eq!(retry.body, first.body, "the same live events");
     assert_eq!(gateway.provider.calls(), 1);
 }
+
+/// An `Idempotency-Key` whose request failed is free again: a client that
+/// corrects its body after the provider's 400 and sends it under the same key
+/// is served, on one instance and across a Redis-sharing fleet, and the key
+/// is then bound to the corrected request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_request_failed_can_carry_the_corrected_request() {
+    let refused = || {
+        mock_upstream::Scripted::json(
+            400,
+            r#"{"error":{"message":"bad prefill","type":"invalid_request_error","param":null,"code":null}}"#,
+        )
+    };
+    let redis = RedisServer::spawn().await;
+    let fleet = Fleet::start(2, |config| {
+        config.redis = Some(crate::harness::redis_at(&redis.url()));
+    })
+    .await;
+    let single = TestGateway::start(|_| {}).await;
+    for (name, first, then, provider) in [
+        ("one instance", &single, &single, &single.provider),
+        (
+            "two instances",
+            &fleet.instances[0],
+            &fleet.instances[1],
+            &fleet.provider,
+        ),
+    ] {
+        let key = ("idempotency-key", name);
+        provider.push_script(refused());
+        let failed = first.post_with(CHAT, &sampled("draft"), &[key]).await;
+        assert_eq!(failed.status, StatusCode::BAD_REQUEST, "{name}");
+        let corrected = then.post_with(CHAT, &sampled("corrected"), &[key]).await;
+        assert_eq!(
+            corrected.status,
+            StatusCode::OK,
+            "{name}: {:?}",
+            corrected.body
+        );
+        let other = first.post_with(CHAT, &sampled("another"), &[key]).await;
+        assert_eq!(
+            other.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{name}: bound to the corrected request now"
+        );
+    }
+}
