@@ -6,6 +6,7 @@ mod harness;
 mod prompts_golden;
 mod redis_server;
 
+mod agents;
 mod announce;
 mod anthropic;
 mod anthropic_sdk;

@@ -23,6 +23,10 @@ use super::openai::{
     Answer, InvalidRequest, SseEvents, approx_tokens, quoting_reply, word_count, word_pieces,
 };
 
+/// The beta under which a message may carry its own `output_config` (dated, e.g.
+/// `per-turn-control-2026-07-01`).
+const PER_TURN_CONTROL_BETA: &str = "per-turn-control-";
+
 /// `POST /v1/messages`: a `message`, or its stream of events.
 pub(super) fn messages(
     headers: &HeaderMap,
@@ -41,6 +45,7 @@ pub(super) fn messages(
         })?,
     };
     let prompt = Prompt::of(&request)?;
+    prompt.check_turn_controls(headers)?;
     let stream = match request.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(on)) => *on,
@@ -137,6 +142,7 @@ pub(super) fn count_tokens(headers: &HeaderMap, body: &[u8]) -> Result<Answer, I
     let request = parse_object(body)?;
     model(&request)?;
     let prompt = Prompt::of(&request)?;
+    prompt.check_turn_controls(headers)?;
     Ok(Answer::Json(json!({"input_tokens": prompt.total_tokens()})))
 }
 
@@ -193,9 +199,20 @@ impl<'a> Prompt<'a> {
         for (i, message) in list.iter().enumerate() {
             match message.get("role").and_then(Value::as_str) {
                 Some("user" | "assistant") => {}
+                // A system turn inside `messages` (what Claude Code sends mid-conversation) is
+                // accepted anywhere but first with content: the opening system prompt belongs
+                // in `system`. The content-less directive form is accepted at any position.
+                Some("system") if i > 0 || is_empty_content(message.get("content")) => {}
+                Some("system") => {
+                    return Err(InvalidRequest::new(
+                        "messages.0: use the top-level 'system' parameter for the initial system \
+                         prompt; the directive-only form (content: [] with output_config) is \
+                         accepted at any position",
+                    ));
+                }
                 _ => {
                     return Err(InvalidRequest::new(format!(
-                        "messages.{i}.role: Input should be 'user' or 'assistant'"
+                        "messages.{i}.role: Input should be 'user', 'assistant' or 'system'"
                     )));
                 }
             }
@@ -226,6 +243,28 @@ impl<'a> Prompt<'a> {
             messages,
             list,
         })
+    }
+
+    /// A system turn's `output_config` (its own effort, say) exists only under the
+    /// `per-turn-control` beta; without it the API refuses the field as it refuses any unknown
+    /// one, which is how a client learns to fall back to a request without such turns.
+    fn check_turn_controls(&self, headers: &HeaderMap) -> Result<(), InvalidRequest> {
+        let allowed = headers
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .any(|beta| beta.trim().starts_with(PER_TURN_CONTROL_BETA));
+        match self
+            .list
+            .iter()
+            .position(|message| message.get("output_config").is_some())
+        {
+            Some(i) if !allowed => Err(InvalidRequest::new(format!(
+                "messages.{i}.output_config: Extra inputs are not permitted"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// A digest of the system prompt and every message, then the last user text quoted.
@@ -282,6 +321,16 @@ impl<'a> Prompt<'a> {
             "cache_read_input_tokens": read,
             "output_tokens": output_tokens,
         })
+    }
+}
+
+/// Whether a message's content is absent or empty (a string or a list of blocks).
+fn is_empty_content(content: Option<&Value>) -> bool {
+    match content {
+        None | Some(Value::Null) => true,
+        Some(Value::String(text)) => text.is_empty(),
+        Some(Value::Array(blocks)) => blocks.is_empty(),
+        Some(_) => false,
     }
 }
 

@@ -14,8 +14,10 @@
 //! FIFO of scripted responses, add latency, cut streams short. The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
-//! It deliberately does not model tokenizers, tool calls, rate limits or authentication: the
-//! gateway forwards those untouched, so the mock only has to make them observable.
+//! It deliberately does not model tokenizers, rate limits or authentication: the gateway
+//! forwards those untouched, so the mock only has to make them observable. Tool calls are
+//! modelled only where an agent needs one to take a step: a Responses request that forces a
+//! tool (`tool_choice`) is answered with a `function_call` (`responses.rs`).
 
 mod admin;
 mod anthropic;

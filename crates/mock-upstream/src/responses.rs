@@ -9,6 +9,17 @@
 //! `response.content_part.done`, `response.output_item.done`, `response.completed` (the whole
 //! response, usage included). No `[DONE]`. A truncated stream stops after the first delta, so
 //! it never reaches `response.completed`.
+//!
+//! A request that forces a tool call (`tool_choice` `"required"`, or `{"type": "function",
+//! "name": ...}`) is answered with a `function_call` item instead of text: the first function
+//! tool (or the named one), its `arguments` a JSON object with a placeholder for each required
+//! parameter (by its schema type), its `call_id` derived from the request so identical requests
+//! get identical calls. Streamed, the item comes as `response.output_item.added`, one
+//! `response.function_call_arguments.delta`, `response.function_call_arguments.done` and
+//! `response.output_item.done`. Under `"auto"` a real model may call a tool or answer; the mock
+//! always answers, so offering tools never changes an answer by surprise, and an agent whose
+//! runner drops a forced choice once its tool ran (the Agents SDK's `reset_tool_choice`) gets a
+//! call, then text.
 
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
@@ -42,12 +53,17 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
     let background = flag(&request, "background")?;
 
     let text = reply(&request, input);
+    let forced = forced_call(&request)?;
     let input_chars = input_text(input).chars().count()
         + request
             .get("instructions")
             .and_then(Value::as_str)
             .map_or(0, |i| i.chars().count());
-    let (input_tokens, output_tokens) = (approx_tokens(input_chars), word_count(&text));
+    let output_tokens = match &forced {
+        Some(call) => approx_tokens(call.arguments.chars().count()),
+        None => word_count(&text),
+    };
+    let input_tokens = approx_tokens(input_chars);
     let usage = json!({
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0},
@@ -79,11 +95,13 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
             "output": output,
             "parallel_tool_calls": true,
             "previous_response_id": request.get("previous_response_id").cloned().unwrap_or(Value::Null),
+            "prompt_cache_key": request.get("prompt_cache_key").cloned().unwrap_or(Value::Null),
             "reasoning": {"effort": null, "summary": null},
+            "safety_identifier": request.get("safety_identifier").cloned().unwrap_or(Value::Null),
             "store": request.get("store").cloned().unwrap_or(json!(true)),
             "temperature": request.get("temperature").cloned().unwrap_or(json!(1.0)),
             "text": {"format": {"type": "text"}},
-            "tool_choice": "auto",
+            "tool_choice": request.get("tool_choice").cloned().unwrap_or(json!("auto")),
             "tools": request.get("tools").cloned().unwrap_or(json!([])),
             "top_p": request.get("top_p").cloned().unwrap_or(json!(1.0)),
             "truncation": "disabled",
@@ -95,6 +113,41 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
     if background && !stream {
         // A background job is answered at once, queued; its result is fetched later.
         return Ok(Answer::Json(response("queued", json!([]), Value::Null)));
+    }
+    if let Some(forced) = forced {
+        let item_id = format!("fc_mock_{call}");
+        let done = forced.item(&item_id, "completed", &forced.arguments);
+        let complete = response("completed", json!([done]), usage);
+        if !stream {
+            return Ok(Answer::Json(complete));
+        }
+        let start = response("in_progress", json!([]), Value::Null);
+        let at = json!({"item_id": item_id, "output_index": 0});
+        let mut events = Events::default();
+        events.push("response.created", json!({"response": start}));
+        events.push("response.in_progress", json!({"response": start}));
+        events.push(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": forced.item(&item_id, "in_progress", "")}),
+        );
+        let first_content = events.0.len();
+        events.push(
+            "response.function_call_arguments.delta",
+            with(&at, json!({"delta": forced.arguments})),
+        );
+        events.push(
+            "response.function_call_arguments.done",
+            with(&at, json!({"arguments": forced.arguments})),
+        );
+        events.push(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": done}),
+        );
+        events.push("response.completed", json!({"response": complete}));
+        return Ok(Answer::Stream(SseEvents {
+            events: events.0,
+            first_content,
+        }));
     }
     let done = message("completed", json!([part(&text)]));
     let complete = response("completed", json!([done]), usage);
@@ -139,6 +192,122 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
         events: events.0,
         first_content,
     }))
+}
+
+/// A call to a function tool, as the model would make it.
+struct Call {
+    name: String,
+    call_id: String,
+    arguments: String,
+}
+
+impl Call {
+    /// The `function_call` output item (`ResponseFunctionToolCall`).
+    fn item(&self, id: &str, status: &str, arguments: &str) -> Value {
+        json!({
+            "type": "function_call",
+            "id": id,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": arguments,
+            "status": status,
+        })
+    }
+}
+
+/// The call a request forces, if it does: `tool_choice` `"required"` calls the first function
+/// tool, `{"type": "function", "name": ...}` the one named. Anything else (`"auto"`, `"none"`,
+/// absent, a built-in tool type) is answered with text.
+fn forced_call(request: &Map<String, Value>) -> Result<Option<Call>, InvalidRequest> {
+    let functions: Vec<&Value> = request
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|tools| {
+            tools
+                .iter()
+                .filter(|tool| tool.get("type").and_then(Value::as_str) == Some("function"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let name = |tool: &Value| tool.get("name").and_then(Value::as_str).map(str::to_owned);
+    let tool = match request.get("tool_choice") {
+        Some(Value::String(choice)) if choice == "required" => {
+            Some(functions.first().copied().ok_or_else(|| {
+                InvalidRequest::new("Tool choice 'required' must be specified with 'tools'.")
+            })?)
+        }
+        Some(choice @ Value::Object(_)) if choice["type"] == "function" => {
+            let wanted = choice.get("name").and_then(Value::as_str);
+            Some(
+                functions
+                    .iter()
+                    .copied()
+                    .find(|tool| name(tool).as_deref() == wanted)
+                    .ok_or_else(|| {
+                        InvalidRequest::new(format!(
+                            "Tool choice '{}' not found in 'tools' parameter.",
+                            wanted.unwrap_or_default()
+                        ))
+                    })?,
+            )
+        }
+        _ => None,
+    };
+    Ok(tool.map(|tool| {
+        let name = name(tool).unwrap_or_default();
+        let arguments = placeholder_arguments(tool.get("parameters")).to_string();
+        let shaping = json!({"input": request.get("input"), "tool": name});
+        Call {
+            call_id: format!("call_{}", short_digest(&canonical_json(&shaping))),
+            name,
+            arguments,
+        }
+    }))
+}
+
+/// Arguments that satisfy a parameters schema: each required property (every property, for a
+/// strict schema) gets a placeholder of its type, or the first of its `enum`.
+fn placeholder_arguments(schema: Option<&Value>) -> Value {
+    let Some(properties) = schema
+        .and_then(|schema| schema.get("properties"))
+        .and_then(Value::as_object)
+    else {
+        return json!({});
+    };
+    let required: Vec<&str> = schema
+        .and_then(|schema| schema.get("required"))
+        .and_then(Value::as_array)
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let arguments = properties
+        .iter()
+        .filter(|(name, _)| required.contains(&name.as_str()))
+        .map(|(name, property)| (name.clone(), placeholder(property)))
+        .collect();
+    Value::Object(arguments)
+}
+
+fn placeholder(property: &Value) -> Value {
+    if let Some(first) = property
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|values| values.first())
+    {
+        return first.clone();
+    }
+    let kind = match property.get("type") {
+        Some(Value::Array(kinds)) => kinds.iter().find_map(Value::as_str),
+        Some(kind) => kind.as_str(),
+        None => None,
+    };
+    match kind {
+        Some("string") => json!("mock"),
+        Some("integer" | "number") => json!(1),
+        Some("boolean") => json!(true),
+        Some("array") => json!([]),
+        Some("object") => placeholder_arguments(Some(property)),
+        _ => Value::Null,
+    }
 }
 
 /// The reply: a digest of everything that shapes the answer, then the last user text quoted.

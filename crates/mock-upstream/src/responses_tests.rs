@@ -122,3 +122,122 @@ async fn a_truncated_stream_is_cut_before_response_completed() {
     assert_eq!(events.last().unwrap().0, "response.output_text.delta");
     assert!(events.iter().all(|(name, _)| name != "response.completed"));
 }
+
+/// A request with a strict function tool (as the Agents SDK sends one) and `tool_choice`.
+fn with_tool(text: &str, tool_choice: Value) -> Value {
+    let mut body = request(text);
+    body["tools"] = json!([
+        {"type": "web_search"},
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "days", "unit"],
+                "additionalProperties": false,
+            },
+            "strict": true,
+        },
+        {"type": "function", "name": "other", "parameters": {"type": "object", "properties": {}}},
+    ]);
+    body["tool_choice"] = tool_choice;
+    body
+}
+
+#[tokio::test]
+async fn a_forced_tool_choice_is_answered_with_a_function_call() {
+    let mock = start().await;
+    let answer = |body: Value| {
+        let mock = &mock;
+        async move { post(mock, &body).await.json::<Value>().await.unwrap() }
+    };
+    let called = answer(with_tool("weather?", json!("required"))).await;
+    let item = &called["output"][0];
+    assert_eq!(item["type"], "function_call", "{called}");
+    assert_eq!(item["name"], "get_weather");
+    assert_eq!(item["status"], "completed");
+    assert!(item["call_id"].as_str().unwrap().starts_with("call_"));
+    let arguments: Value = serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        arguments,
+        json!({"city": "mock", "days": 1, "unit": "celsius"})
+    );
+    assert_eq!(called["tool_choice"], "required");
+    let again = answer(with_tool("weather?", json!("required"))).await;
+    assert_eq!(
+        again["output"][0]["call_id"], item["call_id"],
+        "a pure function of the request"
+    );
+    assert_ne!(again["output"][0]["id"], item["id"]);
+
+    let named = answer(with_tool(
+        "weather?",
+        json!({"type": "function", "name": "other"}),
+    ))
+    .await;
+    assert_eq!(named["output"][0]["name"], "other");
+    assert_eq!(named["output"][0]["arguments"], "{}");
+
+    // Under "auto", and once the tool's output is in the input, the model answers.
+    let auto = answer(with_tool("weather?", json!("auto"))).await;
+    assert_eq!(auto["output"][0]["type"], "message");
+    let mut after = with_tool("weather?", json!("auto"));
+    after["input"].as_array_mut().unwrap().extend([
+        item.clone(),
+        json!({"type": "function_call_output", "call_id": item["call_id"], "output": "sunny"}),
+    ]);
+    assert!(output_text(&answer(after).await).ends_with("weather?"));
+
+    let unknown = post(
+        &mock,
+        &with_tool("x", json!({"type": "function", "name": "nope"})),
+    )
+    .await;
+    assert_eq!(unknown.status(), 400);
+}
+
+#[tokio::test]
+async fn a_streamed_function_call_accumulates_to_the_same_item() {
+    let mock = start().await;
+    let plain: Value = post(&mock, &with_tool("weather?", json!("required")))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let mut streamed = with_tool("weather?", json!("required"));
+    streamed["stream"] = json!(true);
+    let events = named_events(&post(&mock, &streamed).await.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let added = &events[2].1["item"];
+    assert_eq!(added["arguments"], "");
+    assert_eq!(added["status"], "in_progress");
+    assert_eq!(events[3].1["item_id"], added["id"]);
+    let arguments = &plain["output"][0]["arguments"];
+    assert_eq!(&events[3].1["delta"], arguments);
+    assert_eq!(&events[4].1["arguments"], arguments);
+    let completed = &events[6].1["response"];
+    assert_eq!(
+        completed["output"][0]["call_id"],
+        plain["output"][0]["call_id"]
+    );
+    assert_eq!(&completed["output"][0]["arguments"], arguments);
+    assert_eq!(completed["usage"], plain["usage"]);
+}

@@ -250,8 +250,19 @@ async fn bad_requests_get_anthropic_errors() {
             "messages",
         ),
         (
-            json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}),
+            json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "tool", "content": "hi"}]}),
             "role",
+        ),
+        (
+            json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "system", "content": "hi"}]}),
+            "top-level 'system'",
+        ),
+        (
+            json!({"model": "claude-x", "max_tokens": 5, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [], "output_config": {"effort": "low"}},
+            ]}),
+            "messages.1.output_config",
         ),
         (
             with(message("hi"), "temperature", json!(1.5)),
@@ -362,4 +373,51 @@ async fn held_calls_wait_and_the_credential_header_is_recorded() {
     assert_eq!(requests[0].auth_headers(), ["x-api-key"]);
     assert_eq!(requests[0].header("x-api-key"), Some("sk-ant-held"));
     assert_eq!(requests[1].auth_headers(), ["authorization"]);
+}
+
+/// A system turn inside `messages`, as Claude Code sends one: accepted after the first message,
+/// and with its own `output_config` under the `per-turn-control` beta; the reply quotes the last
+/// user text as for any conversation.
+#[tokio::test]
+async fn a_system_turn_mid_conversation_is_accepted_as_the_api_does() {
+    let mock = start().await;
+    let body = json!({
+        "model": "claude-opus-5-5",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+            {"role": "system", "content": [{"type": "text", "text": "Environment: a test."}],
+             "output_config": {"effort": "medium"}},
+        ],
+    });
+    let beta = (
+        "anthropic-beta",
+        "claude-code-20250219,per-turn-control-2026-07-01",
+    );
+    let response = post(&mock, "/messages", &body, &[VERSION, beta]).await;
+    assert_eq!(response.status(), 200);
+    let message: Value = response.json().await.unwrap();
+    let text = message["content"][0]["text"].as_str().unwrap();
+    assert!(text.ends_with(": Say hello"), "{message}");
+    let mut plain = body.clone();
+    plain["messages"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("output_config");
+    let (status, _) = post_json(&mock, "/messages", &plain).await;
+    assert_eq!(status, 200, "a system turn needs no beta of its own");
+    let directive = json!({
+        "model": "claude-opus-5-5",
+        "max_tokens": 64,
+        "messages": [
+            {"role": "system", "content": [], "output_config": {"effort": "low"}},
+            {"role": "user", "content": "hi"},
+        ],
+    });
+    let response = post(&mock, "/messages", &directive, &[VERSION, beta]).await;
+    assert_eq!(
+        response.status(),
+        200,
+        "the directive-only form may come first"
+    );
 }
