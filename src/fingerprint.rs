@@ -238,6 +238,20 @@ impl Fingerprint {
     }
 }
 
+impl Fingerprint {
+    /// A flight name of this request's own, for a caller that shares its
+    /// call with nobody (`X-Corral-Coalesce: off`): the fingerprint with
+    /// `nonce`, hashed under a domain of its own, so it is never a request's
+    /// fingerprint or another caller's flight.
+    pub fn unshared(&self, nonce: [u8; 16]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"corral-unshared-flight-v1\0");
+        hasher.update(self.0);
+        hasher.update(nonce);
+        Self(hasher.finalize().into())
+    }
+}
+
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({}…)", &self.hex()[..12])

@@ -29,7 +29,8 @@ use crate::{
     fingerprint::{CacheKey, Endpoint},
     metrics::Attribution,
     request::{
-        CachePolicy, DedupRequest, IDEMPOTENCY_KEY_HEADER, KEYED_HEADERS, RETRY_COUNT_HEADER,
+        COALESCE_HEADER, CachePolicy, DedupRequest, IDEMPOTENCY_KEY_HEADER, KEYED_HEADERS,
+        RETRY_COUNT_HEADER,
     },
     tenant::TenantScope,
     wire::Echo,
@@ -48,16 +49,17 @@ const ENTRY_OVERHEAD_BYTES: u64 = 768;
 /// Headers `DedupRequest::parse` reads besides the credential (which the
 /// tenant scope stands for) and [`KEYED_HEADERS`]. A new header read there
 /// belongs here too.
-const OTHER_READ_HEADERS: [HeaderName; 3] = [
+const OTHER_READ_HEADERS: [HeaderName; 4] = [
     header::CACHE_CONTROL,
     RETRY_COUNT_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    COALESCE_HEADER,
 ];
 
-fn read_headers() -> [HeaderName; 8] {
+fn read_headers() -> [HeaderName; 9] {
     let [a, b, c, d, e] = KEYED_HEADERS;
-    let [f, g, h] = OTHER_READ_HEADERS;
-    [a, b, c, d, e, f, g, h]
+    let [f, g, h, i] = OTHER_READ_HEADERS;
+    [a, b, c, d, e, f, g, h, i]
 }
 
 /// What a request derives to, as the hit path needs it.
@@ -407,6 +409,7 @@ mod tests {
                 max_age: None,
                 bypass: false,
                 revalidate: false,
+                coalesce: true,
             },
             bill: Attribution {
                 model: crate::metrics::ModelLabel::for_tests("m"),

@@ -43,6 +43,9 @@ impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
 
 /// Request headers that can change the provider's answer: keyed and forwarded.
 /// Each API's are absent from the other's requests, so one list serves both.
+/// `X-Corral-Coalesce: off`: the caller's own upstream call, shared with nobody.
+pub const COALESCE_HEADER: HeaderName = HeaderName::from_static("x-corral-coalesce");
+
 pub const KEYED_HEADERS: [HeaderName; 5] = [
     HeaderName::from_static("openai-beta"),
     HeaderName::from_static("openai-organization"),
@@ -72,6 +75,10 @@ pub struct CachePolicy {
     pub bypass: bool,
     /// `no-cache`: the caller asked to skip stored entries (RFC 9211 `fwd=request`).
     pub revalidate: bool,
+    /// Shares a flight with identical callers (the default). `X-Corral-Coalesce: off`:
+    /// the caller's own upstream call (best-of-N in parallel wants N samples),
+    /// still counted and still feeding the retry window.
+    pub coalesce: bool,
 }
 
 impl CachePolicy {
@@ -82,7 +89,14 @@ impl CachePolicy {
             max_age: None,
             bypass: false,
             revalidate: false,
+            coalesce: true,
         };
+        if headers
+            .get(&COALESCE_HEADER)
+            .is_some_and(|value| value.as_bytes().trim_ascii().eq_ignore_ascii_case(b"off"))
+        {
+            policy.coalesce = false;
+        }
         for value in headers.get_all(header::CACHE_CONTROL) {
             let Ok(value) = value.to_str() else { continue };
             for directive in value.split(',').map(|d| d.trim().to_ascii_lowercase()) {

@@ -280,6 +280,7 @@ mod tests {
         max_age: None,
         bypass: false,
         revalidate: false,
+        coalesce: true,
     };
 
     #[tokio::test]
@@ -308,6 +309,7 @@ mod tests {
         );
         let no_cache = CachePolicy {
             revalidate: true,
+            coalesce: true,
             ..CACHE
         };
         let skipped = window

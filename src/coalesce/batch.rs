@@ -279,6 +279,7 @@ impl Coalescer {
             max_age: None,
             bypass: false,
             revalidate: false,
+            coalesce: true,
         };
         drop(self.spawn_batch(keys.clone(), guards, policy, loader));
     }

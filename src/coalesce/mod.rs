@@ -242,7 +242,13 @@ impl Coalescer {
         loader: Loader,
         live: Option<Format>,
     ) -> Result<Answer, Arc<GatewayError>> {
-        let fingerprint = key.fingerprint;
+        // A caller that opted out of sharing (`X-Corral-Coalesce: off`) flies
+        // under a name of its own: nobody joins it, and it joins nobody.
+        let fingerprint = if policy.coalesce {
+            key.fingerprint
+        } else {
+            key.fingerprint.unshared(rand::rng().random())
+        };
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         for _ in 0..MAX_ELECTIONS {
             let joined = self.flights.join(
@@ -352,6 +358,7 @@ impl Coalescer {
                 max_age: Some(age.saturating_sub(Duration::from_millis(1))),
                 bypass: false,
                 revalidate: false,
+                coalesce: true,
             };
             self.spawn_flight(guard, key, policy, loader, None, true);
         }
@@ -409,6 +416,7 @@ async fn run_flight(
         });
     }
     if let Some(cluster) = &context.cluster
+        && policy.coalesce
         && let Some(outcome) =
             cluster::cluster_flight(context, cluster, key, policy, &loader, &publisher).await
     {

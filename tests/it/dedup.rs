@@ -587,3 +587,46 @@ async fn a_follower_whose_wait_runs_out_gets_504_or_makes_its_own_call() {
         );
     }
 }
+
+/// Best-of-N in parallel: callers that send `X-Corral-Coalesce: off` each get
+/// their own sample (their own upstream call), while the same herd without the
+/// header shares one. The opted-out calls are still counted and still feed the
+/// retry window, so an SDK's retry of one gets what it paid for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_may_opt_out_of_sharing_a_sampled_flight() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let mut body = chat("best of five");
+    body["temperature"] = json!(1.0);
+    let opted_out = [("x-corral-coalesce", "off")];
+    let own = gateway
+        .herd("/v1/chat/completions", &body, 5, &opted_out)
+        .await;
+    assert_eq!(gateway.provider.calls(), 5, "five samples");
+    let ids: HashSet<String> = own
+        .iter()
+        .map(|reply| reply.json()["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 5, "each caller its own answer");
+    assert!(own.iter().all(|reply| reply.cache() == "MISS"));
+
+    let shared = gateway.herd("/v1/chat/completions", &body, 5, &[]).await;
+    assert_eq!(gateway.provider.calls(), 6, "without the header: one call");
+    assert_eq!(count_status(&shared, "COALESCED"), 4);
+
+    // An SDK retry of an opted-out call gets that call's answer.
+    let retry = gateway
+        .post_with(
+            "/v1/chat/completions",
+            &body,
+            &[
+                ("x-corral-coalesce", "off"),
+                ("x-stainless-retry-count", "1"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        retry.header("cache-status"),
+        Some("corral; hit; detail=retry")
+    );
+    assert_eq!(gateway.provider.calls(), 6);
+}
