@@ -85,6 +85,13 @@ impl Wire for MessagesWire {
         validate::check_fields(Endpoint::Messages, body, limits)
     }
 
+    /// Not a request that runs in a `container` (code execution's files and
+    /// state, by reference: the same body means another context once the
+    /// container changed).
+    fn dedupable(&self, body: &Map<String, Value>) -> bool {
+        body.get("container").is_none_or(Value::is_null)
+    }
+
     /// The API has no seed: only `temperature: 0` asks for a reproducible answer.
     fn is_deterministic(&self, body: &Map<String, Value>) -> bool {
         body.get("temperature")

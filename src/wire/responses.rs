@@ -153,10 +153,25 @@ impl Wire for ResponsesWire {
         zero_temperature_or_seed(body)
     }
 
+    /// Not a `background` job (its first answer is not final), nor a request
+    /// that names mutable provider state by reference, whose same body means
+    /// another context once that state moved on: a server-side
+    /// `conversation`, a stored `prompt` template without a `version` (the
+    /// latest one), a `file_search` over vector stores.
     fn dedupable(&self, body: &Map<String, Value>) -> bool {
         let background = matches!(body.get("background"), Some(Value::Bool(true)));
         let conversation = body.get("conversation").is_some_and(|c| !c.is_null());
-        !background && !conversation
+        let latest_prompt = match body.get("prompt") {
+            Some(Value::Object(prompt)) => prompt.get("version").is_none_or(Value::is_null),
+            _ => false,
+        };
+        let searches_files = match body.get("tools") {
+            Some(Value::Array(tools)) => tools
+                .iter()
+                .any(|tool| tool.get("type").and_then(Value::as_str) == Some("file_search")),
+            _ => false,
+        };
+        !background && !conversation && !latest_prompt && !searches_files
     }
 
     fn stream_format(&self) -> Format {

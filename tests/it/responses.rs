@@ -281,3 +281,32 @@ async fn a_stream_is_shared_live_across_instances() {
     let body = streaming("relay this Responses stream live to another instance of the gateway");
     completed(&relayed_live(&fleet, PATH, &body, 3).await);
 }
+
+/// A stored prompt template (`prompt: {id}`) is accepted; without a `version`
+/// it names the latest template, which can change under the same body, so it
+/// is neither coalesced nor cached (`BYPASS`). With a version it is cached.
+#[tokio::test]
+async fn a_prompt_template_is_cached_only_by_its_version() {
+    let gateway = TestGateway::start(|_| {}).await;
+    let templated = |version: Option<&str>| {
+        let mut body = request("fill the template");
+        body["prompt"] = json!({"id": "pmpt_123", "variables": {"city": "Sofia"}});
+        if let Some(version) = version {
+            body["prompt"]["version"] = json!(version);
+        }
+        body
+    };
+    for _ in 0..2 {
+        let latest = gateway.post(PATH, &templated(None)).await;
+        assert_eq!(latest.status, StatusCode::OK, "{:?}", latest.body);
+        assert_eq!(latest.cache(), "BYPASS");
+    }
+    assert_eq!(gateway.provider.calls(), 2);
+    let pinned = gateway.post(PATH, &templated(Some("4"))).await;
+    assert_eq!(pinned.cache(), "MISS");
+    assert_eq!(
+        gateway.post(PATH, &templated(Some("4"))).await.cache(),
+        "HIT"
+    );
+    assert_eq!(gateway.provider.calls(), 3);
+}

@@ -279,6 +279,14 @@ fn only_what_corral_reads_is_checked_the_rest_is_anthropics() {
 }
 
 #[test]
+fn a_container_is_mutable_state_and_is_not_deduplicated() {
+    assert!(MESSAGES.dedupable(&body(request())));
+    let mut contained = request();
+    contained["container"] = json!("container_011");
+    assert!(!MESSAGES.dedupable(&body(contained)));
+}
+
+#[test]
 fn only_temperature_zero_is_deterministic() {
     assert!(
         !MESSAGES.is_deterministic(&body(request())),

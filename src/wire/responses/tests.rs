@@ -278,6 +278,20 @@ fn sampling_background_conversation_and_completeness() {
     assert!(RESPONSES.dedupable(&body(json!({"model": "m", "background": false}))));
     assert!(!RESPONSES.dedupable(&body(json!({"model": "m", "background": true}))));
     assert!(!RESPONSES.dedupable(&body(json!({"model": "m", "conversation": "conv_1"}))));
+    // Mutable provider state by reference: the latest prompt template, vector stores.
+    assert!(!RESPONSES.dedupable(&body(json!({"model": "m", "prompt": {"id": "pmpt_1"}}))));
+    assert!(!RESPONSES.dedupable(&body(
+        json!({"model": "m", "prompt": {"id": "pmpt_1", "version": null}})
+    )));
+    assert!(RESPONSES.dedupable(&body(
+        json!({"model": "m", "prompt": {"id": "pmpt_1", "version": "3"}})
+    )));
+    assert!(!RESPONSES.dedupable(&body(
+        json!({"model": "m", "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]})
+    )));
+    assert!(RESPONSES.dedupable(&body(
+        json!({"model": "m", "tools": [{"type": "function", "name": "f"}]})
+    )));
     assert!(RESPONSES.is_complete(answer().to_string().as_bytes()));
     let mut incomplete = answer();
     incomplete["status"] = json!("incomplete");
