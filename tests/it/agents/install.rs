@@ -32,11 +32,11 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(1200);
 /// Quick commands: `python3 -c`, `--version`.
 const QUICK: Duration = Duration::from_secs(60);
 
-/// The pinned clients' versions, named once for the assertions that check them.
-pub const NODE_MAJOR: &str = "v22.";
+/// The Node the AI SDK 7 needs (`engines: node >= 22`); the machine's own may be older.
+const NODE_MAJOR: &str = "v22.";
 
-/// The npm packages of `tests/agents`: Claude Code, Codex CLI, the AI SDK, and Node 22 (the AI
-/// SDK 7 and Claude Code 2.1 declare `node >= 22`; the machine's own Node may be older).
+/// The npm packages of `tests/agents`: Claude Code and Codex CLI (native binaries in their
+/// platform packages), the AI SDK, and Node 22 to run the AI SDK and Codex's launcher.
 pub struct NodeClients {
     modules: PathBuf,
 }
