@@ -78,6 +78,8 @@ static KEYING: BodyKeying = BodyKeying {
 /// ids for the same conversation asks the same question.
 const INLINE_ITEM_TYPES: &[&str] = &[
     "message",
+    // Codex's tool list for a turn, as a developer item.
+    "additional_tools",
     "function_call",
     "function_call_output",
     "custom_tool_call",
