@@ -328,12 +328,17 @@ where
     let tenant = app.auth.authenticate(request.headers())?;
     app.limits.check_tenant(&tenant)?;
     let (parts, body) = request.into_parts();
-    let body = read_body(
-        body,
-        app.config.limits.max_body_bytes,
-        app.config.server.body_read_timeout,
-    )
-    .await?;
+    let limit = app.config.limits.max_body_bytes;
+    // A body announced larger than the limit is refused before a byte of it
+    // is read (a chunked one is cut at the limit while it is read).
+    let announced = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limit as u64) {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    let body = read_body(body, limit, app.config.server.body_read_timeout).await?;
     Ok(Admitted {
         parts,
         body,

@@ -685,3 +685,40 @@ pub fn named_events(body: &[u8]) -> Vec<(String, Value)> {
 pub fn count_status(replies: &[Reply], status: &str) -> usize {
     replies.iter().filter(|r| r.cache() == status).count()
 }
+
+/// A POST whose head announces `length` bytes of body, sent without the body
+/// on a connection of its own: the answer's status and body. For refusals a
+/// gateway gives on the head alone (a client still writing a body it refused
+/// would see its connection closed before it read the answer).
+pub async fn head_only(
+    url: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    length: usize,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\n\
+         Content-Length: {length}\r\nConnection: close\r\n"
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("answered without the body")
+        .expect("the answer is read");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
