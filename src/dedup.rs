@@ -20,7 +20,7 @@ use crate::{
     config::CacheScope,
     embeddings,
     error::GatewayError,
-    fingerprint::{CacheKey, Endpoint},
+    fingerprint::{CacheKey, Endpoint, Sent},
     memo::{Derived, RequestBytes},
     metrics::{Attribution, Metrics},
     request::DedupRequest,
@@ -182,9 +182,10 @@ async fn serve_derived(
 /// the request is parsed (as it was when first seen, so it parses again)
 /// when the call runs, not by every caller that reads the cache.
 fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution) -> Loader {
+    let sends = Sent::of(false, &raw.body);
     let raw = Arc::new(raw);
     let bill = Arc::new(bill);
-    Arc::new(move |call: FlightCall| {
+    Loader::new(sends, move |call: FlightCall| {
         let app = app.clone();
         let raw = raw.clone();
         let bill = bill.clone();
@@ -547,8 +548,9 @@ fn stream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
 ) -> Loader {
+    let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
-    Arc::new(move |call: FlightCall| {
+    Loader::new(sends, move |call: FlightCall| {
         let FlightCall {
             publisher,
             max_attempts,
@@ -693,9 +695,10 @@ fn upstream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
 ) -> Loader {
+    let sends = Sent::of(false, &outbound.body);
     let bill = Arc::new(bill);
     let outbound = Arc::new(outbound);
-    Arc::new(move |call: FlightCall| {
+    Loader::new(sends, move |call: FlightCall| {
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();

@@ -157,6 +157,13 @@ pub enum GatewayError {
     },
 }
 
+/// Whether a provider's status refuses the request's own bytes: a 4xx other
+/// than a credential's (401, 403), a missing model's (404), a timeout (408),
+/// a conflict (409) or a rate limit (429).
+pub fn refuses_the_bytes_sent(status: StatusCode) -> bool {
+    status.is_client_error() && !matches!(status.as_u16(), 401 | 403 | 404 | 408 | 409 | 429)
+}
+
 impl GatewayError {
     /// This error, answered in `shape` wherever it goes (OpenAI's, the
     /// default, needs no wrapper).
@@ -368,6 +375,17 @@ impl GatewayError {
                 matches!(status.as_u16(), 408 | 409 | 429) || status.is_server_error()
             }
             Self::UpstreamUnreachable { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Whether this is a provider's refusal of the request's own bytes (a 4xx
+    /// other than a credential's, a missing model's, a timeout, a conflict
+    /// or a rate limit): another caller's bytes of the same key may be fine.
+    pub fn refuses_the_bytes_sent(&self) -> bool {
+        match self {
+            Self::Shaped { error, .. } => error.refuses_the_bytes_sent(),
+            Self::Upstream { status, .. } => refuses_the_bytes_sent(*status),
             _ => false,
         }
     }

@@ -264,6 +264,45 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// What a caller's own upstream call would send: its body byte for byte and
+/// whether it streams. Callers of one fingerprint may differ in it (label
+/// fields, the white space the key trims, the mode), and a provider that
+/// refuses one caller's bytes has said nothing about another's: a follower
+/// whose `Sent` differs from the owner's makes its own call after such a
+/// refusal, and a remembered failure answers only the same bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sent([u8; 32]);
+
+impl Sent {
+    pub fn of(stream: bool, body: &[u8]) -> Self {
+        let mode: &[u8] = if stream { b"stream\0" } else { b"plain\0" };
+        Self(
+            Sha256::new()
+                .chain_update(b"corral-sent-v1\0")
+                .chain_update(mode)
+                .chain_update(body)
+                .finalize()
+                .into(),
+        )
+    }
+
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Self(bytes))
+    }
+}
+
+impl fmt::Debug for Sent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sent({}…)", &self.hex()[..12])
+    }
+}
+
 /// A client's `Idempotency-Key`, hashed together with the tenant of the
 /// credential that sent it: two tenants' equal keys are two keys, and the raw
 /// key (which a client may derive from its own data) is never kept.

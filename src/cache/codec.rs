@@ -15,7 +15,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{Entry, StoredResponse, Usage};
-use crate::fingerprint::CacheKey;
+use crate::fingerprint::{CacheKey, Sent};
 
 /// Bumped with any change of the header or layout.
 const MAGIC: &[u8; 4] = b"CRL\x01";
@@ -70,6 +70,9 @@ struct Header {
     token: Option<String>,
     #[serde(default)]
     failed: bool,
+    /// Records only: what the owner's call sent, in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sends: Option<String>,
     /// Retained answers of streamed flights: the length of each SSE event,
     /// stored after the response body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +88,9 @@ pub struct FlightRecord {
     pub failed: bool,
     pub response: Arc<StoredResponse>,
     pub recorded_at_ms: u64,
+    /// What the owner's call sent (`fingerprint::Sent`): a refusal of those
+    /// bytes answers no other bytes.
+    pub sends: Option<Sent>,
 }
 
 pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
@@ -102,6 +108,7 @@ pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
         compute_us: entry.compute_time.as_micros() as u64,
         token: None,
         failed: false,
+        sends: None,
         event_lens: None,
     };
     encode(&header, &entry.response.body)
@@ -133,6 +140,7 @@ pub fn encode_record(key: &CacheKey, record: &FlightRecord) -> Vec<u8> {
         compute_us: 0,
         token: Some(record.token.clone()),
         failed: record.failed,
+        sends: record.sends.map(|sends| sends.hex()),
         event_lens: None,
     };
     encode(&header, &record.response.body)
@@ -147,6 +155,7 @@ pub fn decode_record(bytes: &[u8], key: &CacheKey) -> Result<FlightRecord, Decod
         failed: header.failed,
         response,
         recorded_at_ms: header.stored_at_ms,
+        sends: header.sends.as_deref().and_then(Sent::from_hex),
     })
 }
 
@@ -173,6 +182,7 @@ pub fn encode_retained(
         compute_us: 0,
         token: None,
         failed: false,
+        sends: None,
         event_lens: (!events.is_empty()).then_some(event_lens),
     };
     let mut body = Vec::with_capacity(header.body_len as usize);
@@ -368,11 +378,22 @@ mod tests {
             failed: true,
             response: entry().response,
             recorded_at_ms: 99,
+            sends: Some(crate::fingerprint::Sent::of(true, b"{}")),
         };
         let decoded = decode_record(&encode_record(&k, &record), &k).unwrap();
         assert_eq!(decoded.token, "tok");
         assert!(decoded.failed);
         assert_eq!(decoded.recorded_at_ms, 99);
+        assert_eq!(decoded.sends, record.sends);
+        // A record written before `sends` existed reads as sending nothing known.
+        let older = FlightRecord {
+            sends: None,
+            ..record
+        };
+        assert_eq!(
+            decode_record(&encode_record(&k, &older), &k).unwrap().sends,
+            None
+        );
     }
 
     #[test]

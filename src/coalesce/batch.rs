@@ -660,6 +660,7 @@ async fn record_all(
                         failed: false,
                         response,
                         recorded_at_ms: now,
+                        sends: None,
                     };
                     let _ = cluster.put_record(key, &record, error_ttl).await;
                     let _ = cluster.announce(key).await;

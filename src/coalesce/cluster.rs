@@ -20,7 +20,7 @@ use super::{
 use crate::{
     cache::{StoredResponse, codec::FlightRecord},
     cluster::{Cluster, Follow, Lease, LockAttempt, Unavailable},
-    error::GatewayError,
+    error::{GatewayError, refuses_the_bytes_sent},
     fingerprint::CacheKey,
     request::CachePolicy,
     sse::StreamLog,
@@ -40,7 +40,11 @@ pub(super) async fn cluster_flight(
     if !context.error_ttl.is_zero() {
         match cluster.get_record(key).await {
             Err(Unavailable) => return None,
-            Ok(Some(record)) if record.failed && negatively_cacheable(&record) => {
+            Ok(Some(record))
+                if record.failed
+                    && negatively_cacheable(&record)
+                    && record.sends == Some(loader.sends) =>
+            {
                 return Some(outcome_of(record));
             }
             Ok(_) => {}
@@ -94,6 +98,15 @@ pub(super) async fn cluster_flight(
                     relay.abort();
                 }
                 match followed {
+                    // The provider refused the other owner's bytes, not this
+                    // flight's: its own call (no lock: the owner is done).
+                    Follow::Done(record)
+                        if record.failed
+                            && refuses_the_bytes_sent(record.response.status)
+                            && record.sends != Some(loader.sends) =>
+                    {
+                        return None;
+                    }
                     Follow::Done(record) => return Some(outcome_of(record)),
                     // The owner died (its lease expired) or Redis lost the lock: contend again.
                     Follow::Vacant => continue,
@@ -146,6 +159,7 @@ async fn own(
             Err(error) => Arc::new(error_response(error)),
         },
         recorded_at_ms: context.clock.now_ms(),
+        sends: Some(loader.sends),
     };
     // Each step is best effort: followers that miss the record or the
     // announcement see the lock go and contend again. A failure local to this

@@ -17,14 +17,18 @@
 //! With Redis the cluster's flight record answers repeats on every instance
 //! too (`cluster.rs`); this memory is the instance's own, and works without.
 //! Keys are cache keys, which carry the tenant scope: one tenant's failure
-//! never answers another's request.
+//! never answers another's request. A failure is remembered with the bytes
+//! that caused it (`Sent`), and answers only a repeat of those bytes.
 
 use std::{sync::Arc, time::Duration};
 
 use moka::sync::Cache;
 use tokio::time::Instant;
 
-use crate::{error::GatewayError, fingerprint::Fingerprint};
+use crate::{
+    error::GatewayError,
+    fingerprint::{Fingerprint, Sent},
+};
 
 /// The longest a remembered error answers repeats without a call, whatever
 /// `Retry-After` says: the longest wait the provider SDKs honour themselves.
@@ -40,6 +44,8 @@ const MAX_BYTES: u64 = 16 << 20;
 #[derive(Debug)]
 struct Failure {
     error: Arc<GatewayError>,
+    /// The bytes that failed.
+    sends: Sent,
     quiet_until: Instant,
 }
 
@@ -82,9 +88,11 @@ impl FailureMemory {
         }
     }
 
-    pub fn recall(&self, key: &Fingerprint) -> Recall {
+    /// What a flight of `key` that sends `sends` should do.
+    pub fn recall(&self, key: &Fingerprint, sends: Sent) -> Recall {
         match self.failures.get(key) {
             None => Recall::Clear,
+            Some(failure) if failure.sends != sends => Recall::Clear,
             Some(failure) if Instant::now() < failure.quiet_until => {
                 Recall::Quiet(failure.error.clone())
             }
@@ -96,7 +104,7 @@ impl FailureMemory {
     /// remembered, anything else that came from the provider clears the key.
     /// A failure local to this instance (its circuit, its caps, shutdown)
     /// says nothing about the provider and changes nothing.
-    pub fn settle<T>(&self, key: &Fingerprint, result: &Result<T, Arc<GatewayError>>) {
+    pub fn settle<T>(&self, key: &Fingerprint, sends: Sent, result: &Result<T, Arc<GatewayError>>) {
         match result {
             Err(error) if error.is_transient_upstream_failure() => {
                 let quiet = error.provider_retry_after(MAX_QUIET).unwrap_or(self.quiet);
@@ -104,6 +112,7 @@ impl FailureMemory {
                     *key,
                     Arc::new(Failure {
                         error: error.clone(),
+                        sends,
                         quiet_until: Instant::now() + quiet,
                     }),
                 );
@@ -121,6 +130,10 @@ mod tests {
 
     use super::*;
 
+    fn sent() -> Sent {
+        Sent::of(false, b"{}")
+    }
+
     fn key(byte: u8) -> Fingerprint {
         Fingerprint::from_hex(&format!("{byte:02x}").repeat(32)).unwrap()
     }
@@ -137,18 +150,26 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_transient_failure_answers_for_its_retry_after_then_allows_one_attempt() {
         let memory = FailureMemory::new(Duration::from_secs(5));
-        memory.settle::<()>(&key(1), &Err(provider(429, Some("2"))));
-        assert!(matches!(memory.recall(&key(1)), Recall::Quiet(_)));
-        assert!(matches!(memory.recall(&key(2)), Recall::Clear), "per key");
+        memory.settle::<()>(&key(1), sent(), &Err(provider(429, Some("2"))));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
+        assert!(
+            matches!(memory.recall(&key(2), sent()), Recall::Clear),
+            "per key"
+        );
         tokio::time::advance(Duration::from_millis(2001)).await;
-        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Failing));
         // It fails again: quiet again; then a success clears it.
-        memory.settle::<()>(&key(1), &Err(provider(503, None)));
-        assert!(matches!(memory.recall(&key(1)), Recall::Quiet(_)));
+        memory.settle::<()>(&key(1), sent(), &Err(provider(503, None)));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
-        memory.settle(&key(1), &Ok(()));
-        assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Failing));
+        memory.settle(&key(1), sent(), &Ok(()));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Clear));
+        // Remembered with its bytes: other bytes of the key are not answered by it.
+        memory.settle::<()>(&key(1), sent(), &Err(provider(429, Some("9"))));
+        let other = Sent::of(true, b"{}");
+        assert!(matches!(memory.recall(&key(1), other), Recall::Clear));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -159,21 +180,21 @@ mod tests {
             provider(401, None),
             provider(404, None),
         ] {
-            memory.settle::<()>(&key(1), &Err(refused));
-            assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+            memory.settle::<()>(&key(1), sent(), &Err(refused));
+            assert!(matches!(memory.recall(&key(1), sent()), Recall::Clear));
         }
         let local = Arc::new(GatewayError::CircuitOpen {
             upstream: "u".into(),
             retry_after: Duration::from_secs(1),
         });
-        memory.settle::<()>(&key(1), &Err(local));
-        assert!(matches!(memory.recall(&key(1)), Recall::Clear));
+        memory.settle::<()>(&key(1), sent(), &Err(local));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Clear));
         // No Retry-After and no quiet time: the next flight calls, once.
-        memory.settle::<()>(&key(1), &Err(provider(500, None)));
-        assert!(matches!(memory.recall(&key(1)), Recall::Failing));
+        memory.settle::<()>(&key(1), sent(), &Err(provider(500, None)));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Failing));
         // A hostile Retry-After neither panics nor silences a key for long.
-        memory.settle::<()>(&key(2), &Err(provider(429, Some("1e300"))));
+        memory.settle::<()>(&key(2), sent(), &Err(provider(429, Some("1e300"))));
         tokio::time::advance(MAX_QUIET).await;
-        assert!(matches!(memory.recall(&key(2)), Recall::Failing));
+        assert!(matches!(memory.recall(&key(2), sent()), Recall::Failing));
     }
 }

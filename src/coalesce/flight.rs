@@ -20,7 +20,7 @@ use tokio::sync::{Notify, watch};
 use super::Fetched;
 use crate::{
     error::GatewayError,
-    fingerprint::Fingerprint,
+    fingerprint::{Fingerprint, Sent},
     sse::{Format, StreamLog},
     traces::FlightTrace,
 };
@@ -37,6 +37,8 @@ struct Flight {
     waiters: AtomicUsize,
     /// The flight's span, when traced: followers link to it.
     trace: OnceLock<FlightTrace>,
+    /// What the owner's call sends (`Loader::sends`).
+    sends: OnceLock<Sent>,
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +125,7 @@ impl Flights {
             stream,
             waiters: AtomicUsize::new(0),
             trace: OnceLock::new(),
+            sends: OnceLock::new(),
         });
         map.insert(fingerprint, flight.clone());
         let guard = FlightGuard {
@@ -265,6 +268,11 @@ impl StreamPublisher {
 }
 
 impl FlightGuard {
+    /// Records what the owner's call sends, for followers to compare theirs with.
+    pub fn set_sends(&self, sends: Sent) {
+        let _ = self.flight.sends.set(sends);
+    }
+
     pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
     }
@@ -344,6 +352,11 @@ impl WaiterTicket {
     /// The flight's span, when the flight is traced.
     pub fn flight_trace(&self) -> Option<&FlightTrace> {
         self.flight.trace.get()
+    }
+
+    /// What the flight's owner sends, once it said.
+    pub fn owner_sends(&self) -> Option<Sent> {
+        self.flight.sends.get().copied()
     }
 
     pub async fn wait_for(&self, deadline: tokio::time::Instant, live: bool) -> Waited {

@@ -30,7 +30,7 @@ use crate::{
     cluster::Cluster,
     config::{CoalesceConfig, OnWaitTimeout},
     error::GatewayError,
-    fingerprint::CacheKey,
+    fingerprint::{CacheKey, Sent},
     request::CachePolicy,
     retry_window::RetryWindow,
     sse::{Format, StreamLog},
@@ -57,11 +57,39 @@ pub struct Loaded {
 /// caller's connection. A streaming loader publishes its live log through the
 /// call's `StreamPublisher` as soon as the upstream stream begins; a buffered
 /// one ignores it.
-pub type Loader = Arc<
-    dyn Fn(FlightCall) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
+#[derive(Clone)]
+pub struct Loader {
+    /// What this caller's call sends: a follower whose bytes differ from the
+    /// owner's is not answered by a refusal of the owner's bytes.
+    pub sends: Sent,
+    call: Arc<LoadFn>,
+}
+
+type LoadFn = dyn Fn(FlightCall) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
+    + Send
+    + Sync;
+
+impl Loader {
+    pub fn new(
+        sends: Sent,
+        call: impl Fn(FlightCall) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>>
         + Send
-        + Sync,
->;
+        + Sync
+        + 'static,
+    ) -> Self {
+        Self {
+            sends,
+            call: Arc::new(call),
+        }
+    }
+
+    fn call(
+        &self,
+        call: FlightCall,
+    ) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>> {
+        (self.call)(call)
+    }
+}
 
 /// What a flight hands its loader for one upstream call.
 #[derive(Debug, Clone)]
@@ -242,15 +270,17 @@ impl Coalescer {
         loader: Loader,
         live: Option<Format>,
     ) -> Result<Answer, Arc<GatewayError>> {
-        // A caller that opted out of sharing (`X-Corral-Coalesce: off`) flies
-        // under a name of its own: nobody joins it, and it joins nobody.
-        let fingerprint = if policy.coalesce {
-            key.fingerprint
-        } else {
-            key.fingerprint.unshared(rand::rng().random())
-        };
+        let mut policy = policy;
         let deadline = tokio::time::Instant::now() + self.config.wait_timeout;
         for _ in 0..MAX_ELECTIONS {
+            // A caller that opted out of sharing (`X-Corral-Coalesce: off`),
+            // or whose own bytes the provider has not judged yet, flies under
+            // a name of its own: nobody joins it, and it joins nobody.
+            let fingerprint = if policy.coalesce {
+                key.fingerprint
+            } else {
+                key.fingerprint.unshared(rand::rng().random())
+            };
             let joined = self.flights.join(
                 fingerprint,
                 self.config.max_waiters,
@@ -258,6 +288,7 @@ impl Coalescer {
             )?;
             let (ticket, owner) = match joined {
                 Role::Owner(guard, ticket) => {
+                    guard.set_sends(loader.sends);
                     self.spawn_flight(guard, key.clone(), policy, loader.clone(), live, false);
                     (ticket, true)
                 }
@@ -299,6 +330,16 @@ impl Coalescer {
                         age: None,
                     }));
                 }
+                Waited::Done(Err(error))
+                    if !owner
+                        && error.refuses_the_bytes_sent()
+                        && ticket.owner_sends() != Some(loader.sends) =>
+                {
+                    // The provider refused the owner's bytes (or mode), not
+                    // this caller's: its own call answers it.
+                    tracing::debug!(fingerprint = ?key.fingerprint, "the owner's request was refused; calling with this caller's own");
+                    policy.coalesce = false;
+                }
                 Waited::Done(Err(error)) => {
                     traces::set_flight_role(flight_role(owner, false));
                     return Err(error);
@@ -313,7 +354,8 @@ impl Coalescer {
             }
         }
         Err(Arc::new(GatewayError::Internal(anyhow::anyhow!(
-            "flight for {fingerprint:?} was abandoned {MAX_ELECTIONS} times"
+            "flight for {:?} was abandoned {MAX_ELECTIONS} times",
+            key.fingerprint
         ))))
     }
 
@@ -446,7 +488,7 @@ async fn load_and_store(
 ) -> Outcome {
     // A key that failed moments ago answers with that failure, and one that
     // failed before gets one attempt, until a call succeeds.
-    let max_attempts = match context.failures.recall(&key.fingerprint) {
+    let max_attempts = match context.failures.recall(&key.fingerprint, loader.sends) {
         Recall::Quiet(error) => return Err(error),
         Recall::Failing => Some(1),
         Recall::Clear => None,
@@ -455,8 +497,10 @@ async fn load_and_store(
         publisher: publisher.clone(),
         max_attempts,
     };
-    let loaded = loader(call).await.map_err(Arc::new);
-    context.failures.settle(&key.fingerprint, &loaded);
+    let loaded = loader.call(call).await.map_err(Arc::new);
+    context
+        .failures
+        .settle(&key.fingerprint, loader.sends, &loaded);
     let loaded = loaded?;
     let response = Arc::new(loaded.response);
     let mut stored = false;

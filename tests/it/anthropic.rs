@@ -737,9 +737,11 @@ async fn a_failed_flight_reaches_another_instance_in_anthropics_shape() {
         .await;
     assert_eq!(named_events(&first.body).last().unwrap().0, "error");
     fleet.instances[0].wait_idle().await;
-    // The second instance answers from that record, without a call, in Anthropic's shape.
+    // The second instance answers the same request (the same bytes: a
+    // remembered failure answers no other) from that record, without a call,
+    // in Anthropic's shape.
     let second = fleet.instances[1]
-        .post_with(MESSAGES, &message("a failing flight"), &[KEY])
+        .post_with(MESSAGES, &streaming("a failing flight"), &[KEY])
         .await;
     assert_eq!(second.status, StatusCode::BAD_GATEWAY, "{:?}", second.body);
     assert_eq!(anthropic_error_type(&second.json()), "api_error");

@@ -26,6 +26,7 @@ mod memo;
 mod metrics;
 mod module_graph;
 mod operate;
+mod owners_bytes;
 mod pricing;
 mod protection;
 mod provider_rules;

@@ -20,7 +20,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::openai::{
-    Answer, InvalidRequest, SseEvents, approx_tokens, quoting_reply, word_count, word_pieces,
+    Answer, InvalidRequest, SseEvents, approx_tokens, message_text, quoting_reply, word_count,
+    word_pieces,
 };
 
 /// The beta under which a message may carry its own `output_config` (dated, e.g.
@@ -228,6 +229,15 @@ impl<'a> Prompt<'a> {
                     )));
                 }
             }
+        }
+        // A prefill (the last message the assistant's) may not end in white space.
+        if let Some(last) = list.last()
+            && last.get("role").and_then(Value::as_str) == Some("assistant")
+            && message_text(last).ends_with(char::is_whitespace)
+        {
+            return Err(InvalidRequest::new(
+                "messages: final assistant content cannot end with trailing whitespace",
+            ));
         }
         let system = match request.get("system") {
             None | Some(Value::Null) => None,

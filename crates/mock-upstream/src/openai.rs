@@ -62,6 +62,18 @@ pub(super) fn chat_completions(body: &[u8], call: u64) -> Result<Answer, Invalid
     let n = choice_count(&request)?;
     let stream = flag(&request, "stream")?;
     let include_usage = include_usage(&request)?;
+    // OpenAI streams audio output only as pcm16.
+    if stream
+        && let Some(format) = request
+            .get("audio")
+            .and_then(|audio| audio.get("format"))
+            .and_then(Value::as_str)
+        && format != "pcm16"
+    {
+        return Err(InvalidRequest::new(format!(
+            "Audio output format '{format}' is not supported with stream=true; use 'pcm16'."
+        )));
+    }
 
     let base = chat_content(messages, list);
     let contents: Vec<String> = (0..n).map(|i| variant(&base, i)).collect();
