@@ -174,6 +174,7 @@ impl AppState {
                 error_ttl: config.cache.error_ttl,
                 early_refresh_beta: config.cache.early_refresh_beta,
                 wait_timeout: config.coalesce.wait_timeout,
+                on_wait_timeout: config.coalesce.on_wait_timeout,
                 stream_limits: stream_log_limits(&config, &metrics),
                 stream_stall_timeout: config.coalesce.stream_stall_timeout,
                 max_entry_bytes: config.cache.max_entry_bytes,

@@ -327,7 +327,7 @@ impl Coalescer {
 
 fn item_served(fetched: Fetched, owner: bool) -> ItemServed {
     let status = match (owner, fetched.source) {
-        (_, Source::Cache) => CacheStatus::Hit,
+        (_, Source::Cache { .. }) => CacheStatus::Hit,
         (true, Source::Upstream) => CacheStatus::Miss,
         (false, Source::Upstream) | (_, Source::OtherInstance) => CacheStatus::Coalesced,
     };
@@ -461,7 +461,9 @@ async fn double_check(
                 Fetched {
                     response: entry.response.clone(),
                     stored: false,
-                    source: Source::Cache,
+                    source: Source::Cache {
+                        stored_at_ms: entry.stored_at_ms,
+                    },
                 },
             )),
             None => rest.push(i),

@@ -20,6 +20,7 @@ use super::{
 use crate::{
     cache::{StoredResponse, codec::FlightRecord},
     cluster::{Cluster, Follow, Lease, LockAttempt, Unavailable},
+    config::OnWaitTimeout,
     error::{GatewayError, refuses_the_bytes_sent},
     fingerprint::CacheKey,
     request::CachePolicy,
@@ -111,6 +112,11 @@ pub(super) async fn cluster_flight(
                     // The owner died (its lease expired) or Redis lost the lock: contend again.
                     Follow::Vacant => continue,
                     Follow::Unavailable => return None,
+                    // `own_call` holds for a remote owner too: this flight's own call.
+                    Follow::TimedOut if context.on_wait_timeout == OnWaitTimeout::OwnCall => {
+                        tracing::warn!(fingerprint = ?key.fingerprint, "wait for another instance's flight timed out; calling upstream directly");
+                        return None;
+                    }
                     Follow::TimedOut => return Some(Err(Arc::new(GatewayError::WaitTimedOut))),
                 }
             }
@@ -138,7 +144,9 @@ async fn own(
         Some(entry) => Ok(Fetched {
             response: entry.response.clone(),
             stored: false,
-            source: Source::Cache,
+            source: Source::Cache {
+                stored_at_ms: entry.stored_at_ms,
+            },
         }),
         None => {
             // Followers on other instances relay the stream live from Redis.

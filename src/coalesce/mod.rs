@@ -37,6 +37,10 @@ use crate::{
     traces::{self, FlightRole},
 };
 
+/// A backstop on waiting for one's own call, which the call's own bounds
+/// (upstream timeouts, `retry.deadline`) end long before.
+const OWN_CALL_BOUND: Duration = Duration::from_secs(24 * 3600);
+
 /// How many times waiters of abandoned flights elect a new owner before giving up.
 const MAX_ELECTIONS: usize = 3;
 
@@ -115,8 +119,9 @@ pub struct Fetched {
 pub enum Source {
     /// This instance's upstream call.
     Upstream,
-    /// The owner's double-check found a fresh entry; no upstream call was made.
-    Cache,
+    /// The owner's double-check found a fresh entry (stored then); no
+    /// upstream call was made.
+    Cache { stored_at_ms: u64 },
     /// Another instance's flight, through Redis.
     OtherInstance,
 }
@@ -172,6 +177,9 @@ pub struct FlightContext {
     /// XFetch's beta; 0 disables early refresh.
     pub early_refresh_beta: f64,
     pub wait_timeout: Duration,
+    /// What a caller does when its wait runs out, on this instance's flight
+    /// or another instance's: 504, or its own call.
+    pub on_wait_timeout: OnWaitTimeout,
     /// Bounds of a relayed stream's log, and how long it may go without an event.
     pub stream_limits: crate::sse::LogLimits,
     pub stream_stall_timeout: Duration,
@@ -294,7 +302,19 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false),
             };
-            let waited = ticket.wait_for(deadline, live.is_some()).await;
+            let mut waited = ticket.wait_for(deadline, live.is_some()).await;
+            if matches!(waited, Waited::TimedOut)
+                && owner
+                && self.config.on_wait_timeout == OnWaitTimeout::OwnCall
+            {
+                // The owner's flight is its own call, as a local follower's
+                // own call is (`on_wait_timeout`): it waits for it to end,
+                // which the call's own bounds see to (the upstream's
+                // timeouts, `retry.deadline`; a flight that followed another
+                // instance's is making its own call now, `cluster.rs`).
+                let ended = tokio::time::Instant::now() + OWN_CALL_BOUND;
+                waited = ticket.wait_for(ended, live.is_some()).await;
+            }
             if !owner && let Some(flight) = ticket.flight_trace() {
                 traces::link_flight(flight);
             }
@@ -311,23 +331,36 @@ impl Coalescer {
                         status,
                     });
                 }
+                Waited::Done(Ok(fetched)) if !owner && !self.holds_for(policy, fetched.source) => {
+                    // The owner's double-check found an entry this caller's
+                    // own `Cache-Control` refuses (`no-cache`, too old for
+                    // its `max-age`): its own request controls hold for it.
+                    policy.coalesce = false;
+                }
                 Waited::Done(Ok(fetched)) => {
                     traces::set_flight_role(flight_role(
                         owner,
                         fetched.source == Source::OtherInstance,
                     ));
                     let status = match (owner, fetched.source) {
-                        (_, Source::Cache) => CacheStatus::Hit,
+                        (_, Source::Cache { .. }) => CacheStatus::Hit,
                         (true, Source::Upstream) => CacheStatus::Miss,
                         (false, Source::Upstream) | (_, Source::OtherInstance) => {
                             CacheStatus::Coalesced
                         }
                     };
+                    // A stored entry is answered with its age, as a HIT is.
+                    let age = match fetched.source {
+                        Source::Cache { stored_at_ms } => Some(Duration::from_millis(
+                            self.context.clock.now_ms().saturating_sub(stored_at_ms),
+                        )),
+                        _ => None,
+                    };
                     return Ok(Answer::Complete(Served {
                         response: fetched.response,
                         status,
                         stored: fetched.stored,
-                        age: None,
+                        age,
                     }));
                 }
                 Waited::Done(Err(error))
@@ -357,6 +390,17 @@ impl Coalescer {
             "flight for {:?} was abandoned {MAX_ELECTIONS} times",
             key.fingerprint
         ))))
+    }
+
+    /// Whether an answer of another caller's flight may answer a caller of
+    /// `policy`: a stored entry only when the caller's own `Cache-Control`
+    /// allows it (no `no-cache`, young enough for its `max-age`).
+    fn holds_for(&self, policy: CachePolicy, source: Source) -> bool {
+        let Source::Cache { stored_at_ms } = source else {
+            return true;
+        };
+        let age = Duration::from_millis(self.context.clock.now_ms().saturating_sub(stored_at_ms));
+        policy.read && policy.max_age.is_none_or(|max_age| age <= max_age)
     }
 
     /// A follower whose wait ran out: 504, or (`coalesce.on_wait_timeout:
@@ -454,7 +498,9 @@ async fn run_flight(
         return Ok(Fetched {
             response: entry.response.clone(),
             stored: false,
-            source: Source::Cache,
+            source: Source::Cache {
+                stored_at_ms: entry.stored_at_ms,
+            },
         });
     }
     if let Some(cluster) = &context.cluster
@@ -561,3 +607,6 @@ fn served_from(entry: &Entry, status: CacheStatus, now_ms: u64) -> Served {
         age: Some(entry.age(now_ms)),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -26,6 +26,7 @@ mod memo;
 mod metrics;
 mod module_graph;
 mod operate;
+mod own_controls;
 mod owners_bytes;
 mod pricing;
 mod protection;
