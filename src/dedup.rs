@@ -150,12 +150,12 @@ async fn serve_derived(
         Lookup::Fresh(served) => Ok(served),
         Lookup::Refresh(served) => {
             let age = served.age.unwrap_or_default();
-            let loader = parsing_loader(app.clone(), raw, bill.clone());
+            let loader = parsing_loader(app.clone(), raw, bill.clone(), key.clone());
             app.coalescer.refresh_in_background(key, loader, age);
             Ok(served)
         }
         Lookup::Absent => {
-            let loader = parsing_loader(app.clone(), raw, bill.clone());
+            let loader = parsing_loader(app.clone(), raw, bill.clone(), key.clone());
             // Boxed, as `serve_parsed`: a hit's future does not carry a flight's states.
             Box::pin(app.coalescer.fly(key, derived.policy, loader, None))
                 .instrument(caller.span(derived.endpoint))
@@ -181,7 +181,7 @@ async fn serve_derived(
 /// The upstream call of a flight started by a request served from the memo:
 /// the request is parsed (as it was when first seen, so it parses again)
 /// when the call runs, not by every caller that reads the cache.
-fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution) -> Loader {
+fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution, key: CacheKey) -> Loader {
     let sends = Sent::of(false, &raw.body);
     let raw = Arc::new(raw);
     let bill = Arc::new(bill);
@@ -189,12 +189,14 @@ fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution) -> Loa
         let app = app.clone();
         let raw = raw.clone();
         let bill = bill.clone();
+        let key = key.clone();
         Box::pin(async move {
             let mut request = raw.parse(&app)?;
             let outbound = outbound_of(&mut request);
+            let retained_under = own_retry_key(&app, &request, &key);
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&app, &outbound, request.wire, &bill),
+                call_upstream(&app, &outbound, request.wire, &bill, retained_under),
             )
             .await
         })
@@ -304,7 +306,12 @@ async fn serve_parsed(
     let retained = match &app.retry_window {
         Some(window) => {
             window
-                .recall_for(&request.retry, request.policy, &fingerprint, &key)
+                .recall_for(
+                    &request.retry,
+                    request.policy,
+                    &fingerprint,
+                    own_retry_key(&app, &request, &key).as_ref().unwrap_or(&key),
+                )
                 .await?
         }
         None => None,
@@ -329,7 +336,14 @@ async fn serve_parsed(
         return Ok(response);
     }
 
-    let loader = upstream_loader(app.clone(), outbound, request.wire, bill.clone());
+    let retained_under = own_retry_key(&app, &request, &key);
+    let loader = upstream_loader(
+        app.clone(),
+        outbound,
+        request.wire,
+        bill.clone(),
+        retained_under,
+    );
     let served = app
         .coalescer
         .get_or_fetch(key, request.policy, loader)
@@ -461,7 +475,8 @@ async fn serve_stream(
             age: Some(retained.age(app.clock.now_ms())),
         })),
         None => {
-            let loader = stream_loader(app.clone(), outbound, wire, bill.clone());
+            let retained_under = own_retry_key(&app, &request, &key);
+            let loader = stream_loader(app.clone(), outbound, wire, bill.clone(), retained_under);
             app.coalescer
                 .answer(key, request.policy, loader, Some(format))
                 .await
@@ -547,6 +562,7 @@ fn stream_loader(
     outbound: Outbound,
     wire: &'static dyn Wire,
     bill: Attribution,
+    retained_under: Option<CacheKey>,
 ) -> Loader {
     let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
@@ -558,6 +574,7 @@ fn stream_loader(
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
+        let retained_under = retained_under.clone();
         let load = async move {
             let started = std::time::Instant::now();
             let upstream = app.upstream.name(outbound.upstream).to_owned();
@@ -644,6 +661,7 @@ fn stream_loader(
                 },
                 compute_time: started.elapsed(),
                 events: summary.events,
+                retained_under,
             })
         };
         // A flight's error reaches every follower (through Redis too) in its API's shape.
@@ -694,6 +712,7 @@ fn upstream_loader(
     outbound: Outbound,
     wire: &'static dyn Wire,
     bill: Attribution,
+    retained_under: Option<CacheKey>,
 ) -> Loader {
     let sends = Sent::of(false, &outbound.body);
     let bill = Arc::new(bill);
@@ -702,10 +721,11 @@ fn upstream_loader(
         let app = app.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
+        let retained_under = retained_under.clone();
         Box::pin(async move {
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&app, &outbound, wire, &bill),
+                call_upstream(&app, &outbound, wire, &bill, retained_under),
             )
             .await
         })
@@ -718,6 +738,7 @@ async fn call_upstream(
     outbound: &Outbound,
     wire: &'static dyn Wire,
     bill: &Attribution,
+    retained_under: Option<CacheKey>,
 ) -> Result<Loaded, GatewayError> {
     let buffered = app
         .upstream
@@ -732,6 +753,7 @@ async fn call_upstream(
         cacheable,
         compute_time: buffered.elapsed,
         events: Vec::new(),
+        retained_under,
     })
 }
 
@@ -768,6 +790,17 @@ fn response_from(shared: &StoredResponse) -> Response {
         headers.insert(name.clone(), value.clone());
     }
     response
+}
+
+/// Where the retry window keeps a request's answer for its client's retries,
+/// when that is not the cache key: under a cache every tenant shares
+/// (`cache.scope: global`), the caller's own key, so another tenant's retry
+/// never receives this tenant's sample.
+fn own_retry_key(app: &AppState, request: &DedupRequest, key: &CacheKey) -> Option<CacheKey> {
+    (app.config.cache.scope == CacheScope::Global).then(|| CacheKey {
+        scope: request.own_scope.clone(),
+        fingerprint: key.fingerprint.within(&request.own_scope),
+    })
 }
 
 /// A request that failed frees its `Idempotency-Key`: the client may correct

@@ -239,6 +239,17 @@ impl Fingerprint {
 }
 
 impl Fingerprint {
+    /// This fingerprint within one tenant's own space: a key a cache shared
+    /// by every tenant (`cache.scope: global`) uses for what stays a
+    /// tenant's own (the answers its retries receive).
+    pub fn within(&self, scope: &TenantScope) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"corral-own-tenant-v1\0");
+        hasher.update(self.0);
+        hasher.update(scope.as_str().as_bytes());
+        Self(hasher.finalize().into())
+    }
+
     /// A flight name of this request's own, for a caller that shares its
     /// call with nobody (`X-Corral-Coalesce: off`): the fingerprint with
     /// `nonce`, hashed under a domain of its own, so it is never a request's

@@ -189,6 +189,9 @@ pub struct DedupRequest {
     /// Index into `config.upstreams`.
     pub upstream: usize,
     pub scope: TenantScope,
+    /// The caller's own tenant, whatever the cache shares (`scope` under
+    /// `cache.scope: tenant`): idempotency keys and retries are its own.
+    pub own_scope: TenantScope,
     pub fingerprint: Fingerprint,
     /// The caller's credential (`auth::forwarded_credential`), forwarded when
     /// the upstream has no key of its own.
@@ -265,10 +268,11 @@ impl DedupRequest {
             CacheScope::Global => TenantScope::global(),
         };
         // Idempotency keys are the caller's own, whatever the cache shares.
-        let retry = RetryMarks::from_headers(headers, || match cache.scope {
+        let own_scope = match cache.scope {
             CacheScope::Tenant => scope.clone(),
             CacheScope::Global => TenantScope::of_credential(rules.tenant_key, credential),
-        })?;
+        };
+        let retry = RetryMarks::from_headers(headers, || own_scope.clone())?;
 
         let mut keyed_headers = Vec::new();
         let mut forward_headers = Vec::new();
@@ -353,6 +357,7 @@ impl DedupRequest {
             stream,
             upstream,
             scope,
+            own_scope,
             fingerprint,
             authorization,
             forward_headers,

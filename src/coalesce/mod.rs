@@ -54,6 +54,10 @@ pub struct Loaded {
     /// A streamed call's SSE events as callers received them, kept in the
     /// retry window for a streaming retry's replay; empty when buffered.
     pub events: Vec<bytes::Bytes>,
+    /// Where the retry window keeps the answer when it is not the flight's
+    /// key: under a cache every tenant shares, the owner's own key (another
+    /// tenant's retry never receives this tenant's sample).
+    pub retained_under: Option<CacheKey>,
 }
 
 /// Runs the upstream call for a flight. It may run more than once (a new owner
@@ -581,7 +585,10 @@ async fn load_and_store(
         && !stored
         && response.status.is_success()
     {
-        window.remember(key, response.clone(), events).await;
+        let retained_under = loaded.retained_under.as_ref().unwrap_or(key);
+        window
+            .remember(retained_under, response.clone(), events)
+            .await;
     }
     Ok(Fetched {
         response,

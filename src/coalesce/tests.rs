@@ -91,6 +91,7 @@ fn counting(calls: &Arc<AtomicUsize>) -> Loader {
                 cacheable: true,
                 compute_time: Duration::from_millis(5),
                 events: Vec::new(),
+                retained_under: None,
             })
         })
     })

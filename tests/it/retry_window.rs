@@ -366,3 +366,37 @@ async fn a_key_whose_request_failed_can_carry_the_corrected_request() {
         );
     }
 }
+
+/// Under `cache.scope: global` callers of every tenant share flights and
+/// stored answers, but a sample kept for retries stays its tenant's: another
+/// tenant's request marked as a retry gets a sample of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_global_cache_a_retry_never_receives_another_tenants_sample() {
+    let gateway = TestGateway::start(|config| {
+        config.cache.scope = corral::config::CacheScope::Global;
+        config.upstreams[0].api_key = Some(Secret::new("sk-corral".into()));
+        config.auth.key_hashes = vec![
+            corral::auth::key_hash(b"gw-team-a"),
+            corral::auth::key_hash(b"gw-team-b"),
+        ];
+    })
+    .await;
+    let (team_a, team_b) = (
+        ("authorization", "Bearer gw-team-a"),
+        ("authorization", "Bearer gw-team-b"),
+    );
+    let body = sampled("a sample of team a's");
+    let first = gateway.post_with(CHAT, &body, &[team_a]).await;
+    assert_eq!(first.cache(), "MISS");
+    let other = gateway.post_with(CHAT, &body, &[team_b, RETRY]).await;
+    assert_eq!(
+        other.cache(),
+        "MISS",
+        "team b's retry is not served team a's sample"
+    );
+    assert_ne!(id(&other), id(&first));
+    let own = gateway.post_with(CHAT, &body, &[team_a, RETRY]).await;
+    assert_retry_hit(&own);
+    assert_eq!(own.body, first.body);
+    assert_eq!(gateway.provider.calls(), 2);
+}
