@@ -1,6 +1,12 @@
 //! The deduplicated endpoints' one domain function: parse and fingerprint the
 //! request, hand it to the coalescer with a loader that calls upstream, and
 //! turn what comes back into the caller's response and status headers.
+//!
+//! `loaders.rs` holds the upstream calls a flight makes, `respond.rs` the
+//! caller's response built from a shared answer.
+
+mod loaders;
+mod respond;
 
 use std::{borrow::Cow, sync::Arc, time::Duration};
 
@@ -15,12 +21,12 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::{
-    cache::{StoredResponse, Usage},
-    coalesce::{Answer, CacheStatus, FlightCall, Loaded, Loader, Lookup, Served, StreamPublisher},
+    cache::Usage,
+    coalesce::{Answer, CacheStatus, Lookup, Served},
     config::CacheScope,
     embeddings,
     error::GatewayError,
-    fingerprint::{CacheKey, Endpoint, Sent},
+    fingerprint::{CacheKey, Endpoint},
     memo::{Derived, RequestBytes},
     metrics::{Attribution, Metrics},
     request::DedupRequest,
@@ -28,25 +34,19 @@ use crate::{
     sse::{self, Format, StreamLog},
     state::AppState,
     tenant::TenantScope,
-    upstream::{Outbound, body, retry},
+    upstream::{Outbound, body},
     wire::{self, Echo, Wire},
 };
 
-/// Upstream response headers that may be shared with every caller of a
-/// response. Everything else (`set-cookie`, `x-ratelimit-*`, request ids,
-/// `openai-organization`) belongs to the one call that produced it.
-const SHARED_RESPONSE_HEADERS: &[&str] = &["content-type", "openai-model", "openai-version"];
-
-pub const FINGERPRINT_HEADER: &str = "x-corral-fingerprint";
-pub const CACHE_HEADER: &str = "x-corral-cache";
-pub const FINGERPRINT_HEADER_NAME: HeaderName = HeaderName::from_static(FINGERPRINT_HEADER);
-pub const CACHE_HEADER_NAME: HeaderName = HeaderName::from_static(CACHE_HEADER);
-/// Written on every response by the request pipeline (`api::pipeline`); named
-/// here because a HIT's prebuilt headers hold its place.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-pub const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
-/// RFC 9211.
-const CACHE_STATUS_HEADER_NAME: HeaderName = HeaderName::from_static("cache-status");
+use loaders::{parsing_loader, stream_loader, upstream_loader};
+pub use respond::{
+    CACHE_HEADER, CACHE_HEADER_NAME, FINGERPRINT_HEADER, FINGERPRINT_HEADER_NAME,
+    REQUEST_ID_HEADER, REQUEST_ID_HEADER_NAME,
+};
+use respond::{
+    age_value, header_value, own_echo, response_from, set_status_headers, shared_response,
+    write_status_headers,
+};
 
 /// Who sent the request, as the pipeline admitted it.
 #[derive(Debug, Clone)]
@@ -176,31 +176,6 @@ async fn serve_derived(
         Some(derived),
         derived.echo.as_deref(),
     )
-}
-
-/// The upstream call of a flight started by a request served from the memo:
-/// the request is parsed (as it was when first seen, so it parses again)
-/// when the call runs, not by every caller that reads the cache.
-fn parsing_loader(app: Arc<AppState>, raw: RawRequest, bill: Attribution, key: CacheKey) -> Loader {
-    let sends = Sent::of(false, &raw.body);
-    let raw = Arc::new(raw);
-    let bill = Arc::new(bill);
-    Loader::new(sends, move |call: FlightCall| {
-        let app = app.clone();
-        let raw = raw.clone();
-        let bill = bill.clone();
-        let key = key.clone();
-        Box::pin(async move {
-            let mut request = raw.parse(&app)?;
-            let outbound = outbound_of(&mut request);
-            let retained_under = own_retry_key(&app, &request, &key);
-            retry::at_most(
-                call.max_attempts,
-                call_upstream(&app, &outbound, request.wire, &bill, retained_under),
-            )
-            .await
-        })
-    })
 }
 
 /// What goes upstream, moved out of the request, not copied: nothing reads it
@@ -553,126 +528,6 @@ async fn serve_stream(
     Ok(response)
 }
 
-/// The streamed upstream call of a flight: publishes the live log as soon as
-/// the stream begins, relays every event into it, and ends with the assembled
-/// non-stream answer (what the cache stores, and what non-stream callers of
-/// the same flight receive). Retries happen only before the first event.
-fn stream_loader(
-    app: Arc<AppState>,
-    outbound: Outbound,
-    wire: &'static dyn Wire,
-    bill: Attribution,
-    retained_under: Option<CacheKey>,
-) -> Loader {
-    let sends = Sent::of(true, &outbound.body);
-    let outbound = Arc::new(outbound);
-    Loader::new(sends, move |call: FlightCall| {
-        let FlightCall {
-            publisher,
-            max_attempts,
-        } = call;
-        let app = app.clone();
-        let outbound = outbound.clone();
-        let bill = bill.clone();
-        let retained_under = retained_under.clone();
-        let load = async move {
-            let started = std::time::Instant::now();
-            let upstream = app.upstream.name(outbound.upstream).to_owned();
-            let response = app
-                .upstream
-                .call_streaming_billed(&outbound, &bill.model)
-                .await?;
-            let (log, writer) =
-                StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
-            publisher.publish(log.clone());
-            let stall = app.config.coalesce.stream_stall_timeout;
-            // `request_timeout` bounds the whole flight, headers and every event:
-            // past it, every reader gets an error event, the flight ends (its
-            // Redis lock with it) and nothing is cached.
-            let total = app
-                .upstream
-                .request_timeout(outbound.upstream)
-                .saturating_sub(started.elapsed());
-            let relay = sse::relay_response(response, writer, stall, total);
-            let cancel_when_abandoned = app.config.coalesce.cancel_when_abandoned;
-            let abandon = async {
-                if cancel_when_abandoned {
-                    abandoned(&log, &publisher).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            };
-            let summary = tokio::select! {
-                summary = relay => summary,
-                // Shutdown past the drain timeout: every reader gets an error event
-                // and a clean end; the flight ends, so its Redis lock is released.
-                // (The error event goes in before `select!` drops the relay, whose
-                // writer would otherwise end the log as merely abandoned.)
-                () = async {
-                    app.cut_upstream.cancelled().await;
-                    log.interrupt(log.error_event(
-                        "the gateway is shutting down; the stream was cut",
-                    ));
-                } => {
-                    app.metrics.upstream_usage(&bill, None);
-                    return Err(GatewayError::ShuttingDown);
-                }
-                // Every reader left and nobody waits for the complete answer: stop the spend.
-                () = abandon => {
-                    // Paid for, up to where it stopped; how much is unknown.
-                    app.metrics.upstream_usage(&bill, None);
-                    return Err(GatewayError::UpstreamInvalid {
-                        upstream,
-                        reason: "stream cancelled: every caller left".to_owned(),
-                    });
-                }
-            };
-            // The stream was paid for whether or not it completed.
-            // Its usage, from every event (Anthropic reports input and output apart).
-            let usage = wire
-                .stream_format()
-                .stream_usage(&summary.events)
-                .or(summary.usage);
-            app.metrics.upstream_usage(&bill, usage);
-            if !summary.completed() {
-                // Readers already received the error event; waiters get this error.
-                return Err(GatewayError::UpstreamInvalid {
-                    upstream,
-                    reason: format!("the stream broke: {:?}", summary.outcome),
-                });
-            }
-            let assembled =
-                wire.assemble(&summary.events)
-                    .map_err(|err| GatewayError::UpstreamInvalid {
-                        upstream: upstream.clone(),
-                        reason: format!("the stream does not assemble: {err}"),
-                    })?;
-            let body = Bytes::from(assembled.to_string());
-            Ok(Loaded {
-                cacheable: wire.is_complete(&body),
-                response: StoredResponse {
-                    status: StatusCode::OK,
-                    headers: vec![(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    )],
-                    usage: wire.usage(&body).or(usage),
-                    body,
-                },
-                compute_time: started.elapsed(),
-                events: summary.events,
-                retained_under,
-            })
-        };
-        // A flight's error reaches every follower (through Redis too) in its API's shape.
-        Box::pin(async move {
-            retry::at_most(max_attempts, load)
-                .await
-                .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
-        })
-    })
-}
-
 /// The end of a live follower's body: a caller that joined a live stream was
 /// served without its own upstream call, and its saving (the stream's usage)
 /// is known once the stream has completed. Counted after its last event and
@@ -694,104 +549,6 @@ fn count_live_saving(
     .filter_map(|()| async { None })
 }
 
-/// Resolves when every stream reader has gone and no caller waits for the
-/// complete answer.
-async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
-    log.abandoned().await;
-    if publisher.waiters() > 0 {
-        // Non-stream callers still wait for the answer: let it finish.
-        std::future::pending::<()>().await;
-    }
-}
-
-/// The upstream call a flight runs; it owns everything it needs, so it can run
-/// detached from the connection of the caller that started it. Its tokens and
-/// cost are counted here, once per call, whoever waits on it.
-fn upstream_loader(
-    app: Arc<AppState>,
-    outbound: Outbound,
-    wire: &'static dyn Wire,
-    bill: Attribution,
-    retained_under: Option<CacheKey>,
-) -> Loader {
-    let sends = Sent::of(false, &outbound.body);
-    let bill = Arc::new(bill);
-    let outbound = Arc::new(outbound);
-    Loader::new(sends, move |call: FlightCall| {
-        let app = app.clone();
-        let outbound = outbound.clone();
-        let bill = bill.clone();
-        let retained_under = retained_under.clone();
-        Box::pin(async move {
-            retry::at_most(
-                call.max_attempts,
-                call_upstream(&app, &outbound, wire, &bill, retained_under),
-            )
-            .await
-        })
-    })
-}
-
-/// One buffered upstream call, counted once whoever waits on it.
-async fn call_upstream(
-    app: &AppState,
-    outbound: &Outbound,
-    wire: &'static dyn Wire,
-    bill: &Attribution,
-    retained_under: Option<CacheKey>,
-) -> Result<Loaded, GatewayError> {
-    let buffered = app
-        .upstream
-        .call_buffered(outbound, &bill.model)
-        .await
-        .map_err(|error| error.in_shape(wire.error_shape()))?;
-    let cacheable = wire.is_complete(&buffered.body);
-    let response = shared_response(buffered.status, &buffered.headers, buffered.body);
-    app.metrics.upstream_usage(bill, response.usage);
-    Ok(Loaded {
-        response,
-        cacheable,
-        compute_time: buffered.elapsed,
-        events: Vec::new(),
-        retained_under,
-    })
-}
-
-fn shared_response(status: StatusCode, headers: &HeaderMap, body: Bytes) -> StoredResponse {
-    let headers = SHARED_RESPONSE_HEADERS
-        .iter()
-        .filter_map(|name| {
-            // A copy, not a clone: a parsed header value is a slice of the whole
-            // buffer the response head was read into (kilobytes), and a cached
-            // entry holding the slice would pin that buffer for its lifetime.
-            let value = headers.get(*name)?;
-            let owned = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
-            Some((HeaderName::from_static(name), owned))
-        })
-        .collect();
-    StoredResponse {
-        status,
-        headers,
-        usage: Usage::from_body(&body),
-        body,
-    }
-}
-
-/// The response headers a served answer ends up with at most: the shared
-/// ones, the four status headers, the request id, `content-length`.
-const RESPONSE_HEADERS_CAPACITY: usize = 12;
-
-fn response_from(shared: &StoredResponse) -> Response {
-    let mut response = Response::new(Body::from(shared.body.clone()));
-    *response.status_mut() = shared.status;
-    let headers = response.headers_mut();
-    headers.reserve(RESPONSE_HEADERS_CAPACITY);
-    for (name, value) in &shared.headers {
-        headers.insert(name.clone(), value.clone());
-    }
-    response
-}
-
 /// Where the retry window keeps a request's answer for its client's retries,
 /// when that is not the cache key: under a cache every tenant shares
 /// (`cache.scope: global`), the caller's own key, so another tenant's retry
@@ -811,100 +568,6 @@ async fn release_key_of_failed(app: &AppState, request: &DedupRequest, failed: b
     {
         window.release(key, &request.fingerprint).await;
     }
-}
-
-/// The caller's own label fields in an answer another caller's values may
-/// fill (`wire::Echo`); the body is replaced only where they differ.
-fn own_echo(response: &mut Response, echo: Option<&Echo>, shared: &StoredResponse) {
-    if let Some(own) = echo.and_then(|echo| echo.answer(&shared.body)) {
-        *response.body_mut() = Body::from(own);
-    }
-}
-
-/// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
-fn set_status_headers(
-    headers: &mut HeaderMap,
-    request: &DedupRequest,
-    status: CacheStatus,
-    stored: bool,
-    age: Option<Duration>,
-) {
-    write_status_headers(
-        headers,
-        &header_value(&request.fingerprint.hex()),
-        request.policy.revalidate,
-        status,
-        stored,
-        age,
-    );
-}
-
-fn write_status_headers(
-    headers: &mut HeaderMap,
-    fingerprint: &HeaderValue,
-    revalidate: bool,
-    status: CacheStatus,
-    stored: bool,
-    age: Option<Duration>,
-) {
-    headers.insert(FINGERPRINT_HEADER_NAME, fingerprint.clone());
-    headers.insert(CACHE_HEADER_NAME, HeaderValue::from_static(status.as_str()));
-    let cache_status = match (status, stored) {
-        (CacheStatus::Hit, _) => "corral; hit",
-        (CacheStatus::Stale, _) => "corral; hit; fwd=stale",
-        (CacheStatus::Miss, true) if revalidate => "corral; fwd=request; stored",
-        (CacheStatus::Miss, false) if revalidate => "corral; fwd=request",
-        (CacheStatus::Miss, true) => "corral; fwd=miss; stored",
-        (CacheStatus::Miss, false) => "corral; fwd=miss",
-        (CacheStatus::Coalesced, true) => "corral; fwd=miss; collapsed; stored",
-        (CacheStatus::Coalesced, false) => "corral; fwd=miss; collapsed",
-        (CacheStatus::Bypass, _) => "corral; fwd=bypass",
-        (CacheStatus::Retry, _) => "corral; hit; detail=retry",
-    };
-    headers.insert(
-        CACHE_STATUS_HEADER_NAME,
-        HeaderValue::from_static(cache_status),
-    );
-    if let Some(age) = age {
-        headers.insert(header::AGE, age_value(age));
-    }
-}
-
-/// Ages below this many seconds are made once and shared: every HIT carries
-/// one, and a `HeaderValue` made from a number is an allocation of its own.
-const SHARED_AGE_VALUES: u64 = 3_600;
-
-/// The `Age` header's value for `age`, in whole seconds.
-fn age_value(age: Duration) -> HeaderValue {
-    static SHARED: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
-    let seconds = age.as_secs();
-    if seconds >= SHARED_AGE_VALUES {
-        return HeaderValue::from(seconds);
-    }
-    let shared = SHARED.get_or_init(|| {
-        // One string of every number, each value a static slice of it:
-        // cloning a value then counts no reference.
-        let mut text = String::new();
-        let mut ends = Vec::with_capacity(SHARED_AGE_VALUES as usize);
-        for n in 0..SHARED_AGE_VALUES {
-            text.push_str(itoa::Buffer::new().format(n));
-            ends.push(text.len());
-        }
-        let text: &'static str = Box::leak(text.into_boxed_str());
-        let mut start = 0;
-        ends.into_iter()
-            .map(|end| {
-                let value = HeaderValue::from_static(&text[start..end]);
-                start = end;
-                value
-            })
-            .collect()
-    });
-    shared[seconds as usize].clone()
-}
-
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 /// Relays a live SSE stream (not coalesced). Retries happen only before the
@@ -955,38 +618,4 @@ async fn stream_through(
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(response)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_allowlisted_headers_are_shared() {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/json"));
-        headers.insert("set-cookie", HeaderValue::from_static("s=1"));
-        headers.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("9"),
-        );
-        headers.insert("openai-organization", HeaderValue::from_static("org-x"));
-        let shared = shared_response(StatusCode::OK, &headers, Bytes::new());
-        let names: Vec<&str> = shared.headers.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["content-type"]);
-    }
-
-    #[test]
-    fn an_age_reads_as_its_whole_seconds_shared_or_not() {
-        for (age, text) in [
-            (Duration::ZERO, "0"),
-            (Duration::from_millis(1_999), "1"),
-            (Duration::from_secs(59), "59"),
-            (Duration::from_secs(SHARED_AGE_VALUES - 1), "3599"),
-            (Duration::from_secs(SHARED_AGE_VALUES), "3600"),
-            (Duration::from_secs(86_400), "86400"),
-        ] {
-            assert_eq!(age_value(age), text, "{age:?}");
-        }
-    }
 }

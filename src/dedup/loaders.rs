@@ -1,0 +1,235 @@
+//! The upstream calls a flight makes: buffered, streamed (publishing the
+//! live log as the stream begins), and parsed on demand for a request the
+//! memo answered. Each says what it sends (`Loader::sends`) and honours the
+//! flight's attempt cap (`FlightCall::max_attempts`).
+
+use std::sync::Arc;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use bytes::Bytes;
+
+use super::{RawRequest, outbound_of, own_retry_key, respond::shared_response};
+use crate::{
+    cache::StoredResponse,
+    coalesce::{FlightCall, Loaded, Loader, StreamPublisher},
+    error::GatewayError,
+    fingerprint::{CacheKey, Sent},
+    metrics::Attribution,
+    sse::{self, StreamLog},
+    state::AppState,
+    upstream::{Outbound, retry},
+    wire::Wire,
+};
+
+/// The upstream call of a flight started by a request served from the memo:
+/// the request is parsed (as it was when first seen, so it parses again)
+/// when the call runs, not by every caller that reads the cache.
+pub(super) fn parsing_loader(
+    app: Arc<AppState>,
+    raw: RawRequest,
+    bill: Attribution,
+    key: CacheKey,
+) -> Loader {
+    let sends = Sent::of(false, &raw.body);
+    let raw = Arc::new(raw);
+    let bill = Arc::new(bill);
+    Loader::new(sends, move |call: FlightCall| {
+        let app = app.clone();
+        let raw = raw.clone();
+        let bill = bill.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let mut request = raw.parse(&app)?;
+            let outbound = outbound_of(&mut request);
+            let retained_under = own_retry_key(&app, &request, &key);
+            retry::at_most(
+                call.max_attempts,
+                call_upstream(&app, &outbound, request.wire, &bill, retained_under),
+            )
+            .await
+        })
+    })
+}
+
+/// The streamed upstream call of a flight: publishes the live log as soon as
+/// the stream begins, relays every event into it, and ends with the assembled
+/// non-stream answer (what the cache stores, and what non-stream callers of
+/// the same flight receive). Retries happen only before the first event.
+pub(super) fn stream_loader(
+    app: Arc<AppState>,
+    outbound: Outbound,
+    wire: &'static dyn Wire,
+    bill: Attribution,
+    retained_under: Option<CacheKey>,
+) -> Loader {
+    let sends = Sent::of(true, &outbound.body);
+    let outbound = Arc::new(outbound);
+    Loader::new(sends, move |call: FlightCall| {
+        let FlightCall {
+            publisher,
+            max_attempts,
+        } = call;
+        let app = app.clone();
+        let outbound = outbound.clone();
+        let bill = bill.clone();
+        let retained_under = retained_under.clone();
+        let load = async move {
+            let started = std::time::Instant::now();
+            let upstream = app.upstream.name(outbound.upstream).to_owned();
+            let response = app
+                .upstream
+                .call_streaming_billed(&outbound, &bill.model)
+                .await?;
+            let (log, writer) =
+                StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
+            publisher.publish(log.clone());
+            let stall = app.config.coalesce.stream_stall_timeout;
+            // `request_timeout` bounds the whole flight, headers and every event:
+            // past it, every reader gets an error event, the flight ends (its
+            // Redis lock with it) and nothing is cached.
+            let total = app
+                .upstream
+                .request_timeout(outbound.upstream)
+                .saturating_sub(started.elapsed());
+            let relay = sse::relay_response(response, writer, stall, total);
+            let cancel_when_abandoned = app.config.coalesce.cancel_when_abandoned;
+            let abandon = async {
+                if cancel_when_abandoned {
+                    abandoned(&log, &publisher).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            let summary = tokio::select! {
+                summary = relay => summary,
+                // Shutdown past the drain timeout: every reader gets an error event
+                // and a clean end; the flight ends, so its Redis lock is released.
+                // (The error event goes in before `select!` drops the relay, whose
+                // writer would otherwise end the log as merely abandoned.)
+                () = async {
+                    app.cut_upstream.cancelled().await;
+                    log.interrupt(log.error_event(
+                        "the gateway is shutting down; the stream was cut",
+                    ));
+                } => {
+                    app.metrics.upstream_usage(&bill, None);
+                    return Err(GatewayError::ShuttingDown);
+                }
+                // Every reader left and nobody waits for the complete answer: stop the spend.
+                () = abandon => {
+                    // Paid for, up to where it stopped; how much is unknown.
+                    app.metrics.upstream_usage(&bill, None);
+                    return Err(GatewayError::UpstreamInvalid {
+                        upstream,
+                        reason: "stream cancelled: every caller left".to_owned(),
+                    });
+                }
+            };
+            // The stream was paid for whether or not it completed.
+            // Its usage, from every event (Anthropic reports input and output apart).
+            let usage = wire
+                .stream_format()
+                .stream_usage(&summary.events)
+                .or(summary.usage);
+            app.metrics.upstream_usage(&bill, usage);
+            if !summary.completed() {
+                // Readers already received the error event; waiters get this error.
+                return Err(GatewayError::UpstreamInvalid {
+                    upstream,
+                    reason: format!("the stream broke: {:?}", summary.outcome),
+                });
+            }
+            let assembled =
+                wire.assemble(&summary.events)
+                    .map_err(|err| GatewayError::UpstreamInvalid {
+                        upstream: upstream.clone(),
+                        reason: format!("the stream does not assemble: {err}"),
+                    })?;
+            let body = Bytes::from(assembled.to_string());
+            Ok(Loaded {
+                cacheable: wire.is_complete(&body),
+                response: StoredResponse {
+                    status: StatusCode::OK,
+                    headers: vec![(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    )],
+                    usage: wire.usage(&body).or(usage),
+                    body,
+                },
+                compute_time: started.elapsed(),
+                events: summary.events,
+                retained_under,
+            })
+        };
+        // A flight's error reaches every follower (through Redis too) in its API's shape.
+        Box::pin(async move {
+            retry::at_most(max_attempts, load)
+                .await
+                .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
+        })
+    })
+}
+
+/// Resolves when every stream reader has gone and no caller waits for the
+/// complete answer.
+pub(super) async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
+    log.abandoned().await;
+    if publisher.waiters() > 0 {
+        // Non-stream callers still wait for the answer: let it finish.
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The upstream call a flight runs; it owns everything it needs, so it can run
+/// detached from the connection of the caller that started it. Its tokens and
+/// cost are counted here, once per call, whoever waits on it.
+pub(super) fn upstream_loader(
+    app: Arc<AppState>,
+    outbound: Outbound,
+    wire: &'static dyn Wire,
+    bill: Attribution,
+    retained_under: Option<CacheKey>,
+) -> Loader {
+    let sends = Sent::of(false, &outbound.body);
+    let bill = Arc::new(bill);
+    let outbound = Arc::new(outbound);
+    Loader::new(sends, move |call: FlightCall| {
+        let app = app.clone();
+        let outbound = outbound.clone();
+        let bill = bill.clone();
+        let retained_under = retained_under.clone();
+        Box::pin(async move {
+            retry::at_most(
+                call.max_attempts,
+                call_upstream(&app, &outbound, wire, &bill, retained_under),
+            )
+            .await
+        })
+    })
+}
+
+/// One buffered upstream call, counted once whoever waits on it.
+pub(super) async fn call_upstream(
+    app: &AppState,
+    outbound: &Outbound,
+    wire: &'static dyn Wire,
+    bill: &Attribution,
+    retained_under: Option<CacheKey>,
+) -> Result<Loaded, GatewayError> {
+    let buffered = app
+        .upstream
+        .call_buffered(outbound, &bill.model)
+        .await
+        .map_err(|error| error.in_shape(wire.error_shape()))?;
+    let cacheable = wire.is_complete(&buffered.body);
+    let response = shared_response(buffered.status, &buffered.headers, buffered.body);
+    app.metrics.upstream_usage(bill, response.usage);
+    Ok(Loaded {
+        response,
+        cacheable,
+        compute_time: buffered.elapsed,
+        events: Vec::new(),
+        retained_under,
+    })
+}
