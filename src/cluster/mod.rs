@@ -879,7 +879,15 @@ impl Cluster {
                     }
                     seq += 1;
                 }
-                if !ended && log.end() == Some(LogEnd::Done) {
+                if !ended && !reader_at_end(&reader, &log) {
+                    // The mirror's reader was cut behind the live stream (it
+                    // fell `max_reader_lag_bytes` behind): followers elsewhere
+                    // did not get every event, so they get an error, never an end.
+                    let error = log
+                        .format()
+                        .error_event("the shared stream's mirror fell behind", seq as usize);
+                    let _ = cluster.append_event(&name, seq, "failed", &error).await;
+                } else if !ended && log.end() == Some(LogEnd::Done) {
                     let _ = cluster
                         .append_event(&name, seq, "done", &Bytes::new())
                         .await;
@@ -888,8 +896,12 @@ impl Cluster {
         })
     }
 
-    /// Appends event number `seq` (sealed, when encryption is on, to its stream,
-    /// position and kind, so events cannot be moved, reordered or relabelled).
+    /// Appends event number `seq` under the entry id `{seq + 1}-0` (sealed,
+    /// when encryption is on, to its stream, position and kind, so events
+    /// cannot be moved, reordered or relabelled). The id numbers the events:
+    /// a follower that finds one missing (`MAXLEN` trimmed the head of a
+    /// long stream before it joined) fails its stream instead of relaying a
+    /// clean end to a stream it did not see whole.
     async fn append_event(
         &self,
         name: &str,
@@ -906,7 +918,7 @@ impl Cluster {
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(EVENTS_MAX_LEN)
-                .arg("*")
+                .arg(event_id(seq))
                 .arg(field)
                 .arg(value)
                 .ignore()
@@ -975,6 +987,22 @@ impl Cluster {
                 return;
             };
             for entry in reply.into_iter().flat_map(|r| r.keys).flat_map(|k| k.ids) {
+                if entry.id != event_id(seq) {
+                    // An event is missing: the stream's head was trimmed before
+                    // this relay read it. Never a clean end to a partial stream.
+                    let (log, writer) = match writer.take() {
+                        Some(writer) => (None, writer),
+                        None => {
+                            let (log, writer) = new_log();
+                            (Some(log), writer)
+                        }
+                    };
+                    if let Some(log) = log {
+                        publish(log);
+                    }
+                    writer.fail_with("the shared stream was trimmed before this reader joined");
+                    return;
+                }
                 last_id = entry.id.clone();
                 last_event = Instant::now();
                 let opened = entry.map.into_iter().next().and_then(|(field, value)| {
@@ -1033,6 +1061,11 @@ impl Cluster {
             }
         }
     }
+}
+
+/// The entry id of event number `seq` of a mirrored stream.
+fn event_id(seq: u64) -> String {
+    format!("{}-0", seq + 1)
 }
 
 /// What an event of a mirrored stream is sealed to.

@@ -325,3 +325,78 @@ async fn mirrored_stream_events_are_encrypted_at_rest() {
         .unwrap();
     assert!(ttl > 0);
 }
+
+/// A remote follower gets the whole stream or an error, never a clean end to
+/// a stream it did not see whole: when the mirrored stream's head was trimmed
+/// (`MAXLEN`, a long stream) before it joined, its stream ends with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_follower_of_a_trimmed_stream_gets_an_error_not_an_end() {
+    let redis = RedisServer::spawn().await;
+    let fleet = slow_stream_fleet(redis_at(&redis.url())).await;
+    let body = streaming("a long stream whose head the mirror trimmed before the follower joined");
+    let mut owner = fleet.instances[0].open(PATH, &body).await;
+    let mut owner_bytes = Vec::new();
+    read_events(&mut owner, &mut owner_bytes, 3).await;
+    // Trim the mirror as MAXLEN would a stream far longer than this one.
+    let mut conn = redis.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:events:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(&keys[0])
+        .arg("MAXLEN")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let follower = fleet.instances[1].post(PATH, &body).await;
+    read_to_end(&mut owner, &mut owner_bytes).await;
+    let text = String::from_utf8_lossy(&follower.body);
+    assert!(!text.contains("[DONE]"), "no clean end: {text}");
+    assert!(text.contains("\"error\""), "an error event: {text}");
+    assert!(String::from_utf8_lossy(&owner_bytes).ends_with("data: [DONE]\n\n"));
+    assert_eq!(fleet.provider.calls(), 1);
+}
+
+/// The owner's mirror reads the live log like any reader, and is cut like
+/// one when it falls `max_reader_lag_bytes` behind: its followers elsewhere
+/// then get an error, never a clean end to the events it did mirror.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_followers_of_a_mirror_that_fell_behind_get_the_whole_stream_or_an_error() {
+    let redis = RedisServer::spawn().await;
+    let provider = MockProvider::start(MockSettings::default()).await.unwrap();
+    let url = redis.url();
+    let fleet = Fleet::start_with(provider, 2, move |config| {
+        config.redis = Some(redis_at(&url));
+        config.coalesce.max_reader_lag_bytes = 64;
+    })
+    .await;
+    let body = streaming("a stream that races ahead of its mirror and of every slow reader of it");
+    let (_, follower) = stream_on_two_instances(&fleet, PATH, &body, 1).await;
+    let text = String::from_utf8_lossy(&follower.body).into_owned();
+    let mut plain = body.clone();
+    plain["stream"] = json!(false);
+    let whole = fleet.instances[0].post(PATH, &plain).await;
+    let content = whole.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if text.contains("[DONE]") {
+        let relayed: String = text
+            .split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .filter_map(|chunk| {
+                chunk["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(relayed, content, "a clean end means the whole stream");
+    } else {
+        assert!(text.contains("\"error\""), "else an error event: {text}");
+    }
+}
