@@ -86,6 +86,10 @@ pub enum GatewayError {
     UpstreamTimeout { upstream: String },
     #[error("upstream {upstream} sent an invalid response: {reason}")]
     UpstreamInvalid { upstream: String, reason: String },
+    /// A stream cancelled because every caller left (`coalesce.cancel_when_abandoned`):
+    /// this instance's decision, never an answer about the request.
+    #[error("the upstream stream was cancelled: every caller left")]
+    StreamAbandoned,
     /// The provider's own error, relayed with its status and body.
     #[error("upstream answered {status}")]
     Upstream {
@@ -248,6 +252,12 @@ impl GatewayError {
                 S::BAD_GATEWAY,
                 "server_error",
                 Some("upstream_invalid_response"),
+                "api_error",
+            ),
+            Self::StreamAbandoned => map(
+                S::BAD_GATEWAY,
+                "server_error",
+                Some("stream_abandoned"),
                 "api_error",
             ),
             // Relayed as the provider sent it; the names are never used.
@@ -422,6 +432,7 @@ impl GatewayError {
                 | Self::Overloaded { .. }
                 | Self::ShuttingDown
                 | Self::WaitTimedOut
+                | Self::StreamAbandoned
         )
     }
 

@@ -52,7 +52,7 @@ use crate::{
     crypto::Sealer,
     fingerprint::{CacheKey, Fingerprint, IdempotencyKey},
     metrics::Metrics,
-    sse::{CallerUsage, LogEnd, StreamLog, StreamWriter},
+    sse::{LogEnd, StreamLog, StreamWriter},
 };
 
 /// Takes the lock unless held; returns the holder's token when held.
@@ -160,6 +160,12 @@ impl Keys {
     /// The owner's live event log, mirrored for followers on other instances.
     pub fn events(&self, key: &CacheKey, token: &str) -> String {
         format!("{}:{token}", self.key(key, "events"))
+    }
+
+    /// The heartbeat of an owner's mirrored stream's readers on other
+    /// instances, kept while any of them still reads it.
+    pub fn readers(&self, key: &CacheKey, token: &str) -> String {
+        format!("{}:{token}", self.key(key, "readers"))
     }
 
     /// The channel announcing that `fingerprint`'s flight is done. Its hash
@@ -823,6 +829,10 @@ impl Cluster {
     }
 }
 
+/// How long a relay's heartbeat says its instance still reads a mirrored
+/// stream; renewed after each blocking read (`EVENTS_BLOCK`).
+const READERS_TTL: Duration = Duration::from_secs(2);
+
 /// Bound on a mirrored event stream's length: `XADD MAXLEN ~`.
 const EVENTS_MAX_LEN: usize = 100_000;
 /// How long a mirrored event stream outlives its last write.
@@ -848,7 +858,7 @@ impl Cluster {
             let cluster = cluster.clone();
             let name = name.clone();
             tokio::spawn(async move {
-                let mut reader = log.reader(CallerUsage::Asked);
+                let mut reader = log.mirror_reader();
                 let done = log.format().done_event();
                 let mut seq = 0u64;
                 let mut ended = false;
@@ -894,6 +904,50 @@ impl Cluster {
                 }
             });
         })
+    }
+
+    /// Whether callers on other instances still read the owner's mirrored
+    /// stream of `key` (their relays' heartbeat); `true` when Redis cannot
+    /// say, so a stream is never cut for want of an answer.
+    pub fn remote_readers(
+        self: &Arc<Self>,
+        key: &CacheKey,
+        token: &str,
+    ) -> Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync> {
+        let cluster = self.clone();
+        let name = self.keys.readers(key, token);
+        Arc::new(move || {
+            let (cluster, name) = (cluster.clone(), name.clone());
+            Box::pin(async move {
+                cluster
+                    .run("read stream readers", |mut conn| async move {
+                        redis::cmd("EXISTS")
+                            .arg(name)
+                            .query_async::<bool>(&mut conn)
+                            .await
+                    })
+                    .await
+                    .unwrap_or(true)
+            })
+        })
+    }
+
+    /// Says that this instance still reads the mirrored stream `name`
+    /// belongs to (best effort).
+    async fn touch_readers(&self, name: &str) {
+        let name = name.to_owned();
+        let ttl_ms = READERS_TTL.as_millis() as u64;
+        let _ = self
+            .run("mark stream readers", |mut conn| async move {
+                redis::cmd("SET")
+                    .arg(name)
+                    .arg(1)
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query_async::<()>(&mut conn)
+                    .await
+            })
+            .await;
     }
 
     /// Appends event number `seq` under the entry id `{seq + 1}-0` (sealed,
@@ -942,17 +996,24 @@ impl Cluster {
     /// once `settled` fires (the owner's flight is over: recorded, or its lock
     /// gone), as soon as it has read everything the mirror holds: a mirror
     /// without its end marker then fails the log at once instead of after
-    /// `stall_timeout`.
+    /// `stall_timeout`. While this instance still has callers for the stream
+    /// (`interested`: callers waiting on its flight, or readers of the relayed
+    /// log), it keeps a heartbeat the owner reads before it cancels an
+    /// abandoned stream (`coalesce.cancel_when_abandoned`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn relay_events(
         &self,
         key: &CacheKey,
         token: &str,
         publish: impl Fn(StreamLog),
         new_log: impl Fn() -> (StreamLog, StreamWriter),
+        interested: impl Fn() -> bool,
         stall_timeout: Duration,
         settled: CancellationToken,
     ) {
         let name = self.keys.events(key, token);
+        let readers = self.keys.readers(key, token);
+        let mut relayed: Option<StreamLog> = None;
         let Ok(Ok(mut conn)) = tokio::time::timeout(
             self.config.op_timeout.max(Duration::from_secs(1)),
             connection::dedicated(&self.config, EVENTS_BLOCK),
@@ -969,6 +1030,9 @@ impl Cluster {
         loop {
             if settled_at.is_none() && settled.is_cancelled() {
                 settled_at = Some(Instant::now());
+            }
+            if interested() || relayed.as_ref().is_some_and(|log| log.reader_count() > 0) {
+                self.touch_readers(&readers).await;
             }
             let reply: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREAD")
                 .arg("COUNT")
@@ -1020,6 +1084,7 @@ impl Cluster {
                 };
                 let writer_ref = writer.get_or_insert_with(|| {
                     let (log, writer) = new_log();
+                    relayed = Some(log.clone());
                     publish(log);
                     writer
                 });

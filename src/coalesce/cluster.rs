@@ -82,6 +82,8 @@ pub(super) async fn cluster_flight(
                                 |log| publisher.publish_remote(log),
                                 // The follower's log speaks the flight's format.
                                 || StreamLog::with_limits(format, limits.clone()),
+                                // Callers here still wait for the stream's answer.
+                                || publisher.waiters() > 0,
                                 stall,
                                 settled,
                             )
@@ -150,7 +152,10 @@ async fn own(
         }),
         None => {
             // Followers on other instances relay the stream live from Redis.
-            let publisher = publisher.mirrored(cluster.mirror(key, &lease.token));
+            let publisher = publisher.mirrored(
+                cluster.mirror(key, &lease.token),
+                cluster.remote_readers(key, &lease.token),
+            );
             cluster
                 .holding(
                     &lease,

@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
 
 use super::Fetched;
@@ -138,6 +139,7 @@ impl Flights {
                 flight: Some(flight.clone()),
                 live: None,
                 mirror: None,
+                remote_readers: None,
             },
         };
         (guard, flight)
@@ -186,6 +188,10 @@ pub struct LiveLog {
 /// Also receives a published log (the cluster owner mirrors it into Redis).
 pub type Mirror = Arc<dyn Fn(StreamLog) + Send + Sync>;
 
+/// Whether callers on other instances still read a mirrored stream (they
+/// keep a heartbeat in Redis while they do). `true` when it cannot be known.
+pub type RemoteReaders = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
+
 /// Lets a streamed flight's loader show its live log to the flight's waiters.
 #[derive(Clone)]
 pub struct StreamPublisher {
@@ -194,6 +200,7 @@ pub struct StreamPublisher {
     /// The flight was started by a streaming caller (worth relaying live), of this format.
     live: Option<Format>,
     mirror: Option<Mirror>,
+    remote_readers: Option<RemoteReaders>,
 }
 
 impl std::fmt::Debug for StreamPublisher {
@@ -213,6 +220,7 @@ impl StreamPublisher {
             flight: None,
             live: None,
             mirror: None,
+            remote_readers: None,
         }
     }
 
@@ -251,11 +259,22 @@ impl StreamPublisher {
         self
     }
 
-    /// The same publisher, also handing the log to `mirror`.
-    pub fn mirrored(&self, mirror: Mirror) -> Self {
+    /// The same publisher, also handing the log to `mirror`, whose readers
+    /// elsewhere `remote_readers` tells of.
+    pub fn mirrored(&self, mirror: Mirror, remote_readers: RemoteReaders) -> Self {
         Self {
             mirror: Some(mirror),
+            remote_readers: Some(remote_readers),
             ..self.clone()
+        }
+    }
+
+    /// Whether callers on other instances still read the mirrored stream;
+    /// `false` for a stream nobody mirrors.
+    pub async fn remote_readers(&self) -> bool {
+        match &self.remote_readers {
+            Some(remote_readers) => remote_readers().await,
+            None => false,
         }
     }
 

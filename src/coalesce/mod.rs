@@ -18,7 +18,8 @@ pub use batch::{BatchLoader, Billed, ItemServed, ItemsLoaded, ItemsServed};
 pub use failures::FailureMemory;
 use failures::Recall;
 pub use flight::{
-    FlightGuard, Flights, LiveLog, Mirror, Outcome, Role, StreamPublisher, Waited, WaiterTicket,
+    FlightGuard, Flights, LiveLog, Mirror, Outcome, RemoteReaders, Role, StreamPublisher, Waited,
+    WaiterTicket,
 };
 
 pub use crate::cache_status::CacheStatus;

@@ -119,10 +119,8 @@ pub(super) fn stream_loader(
                 () = abandon => {
                     // Paid for, up to where it stopped; how much is unknown.
                     app.metrics.upstream_usage(&bill, None);
-                    return Err(GatewayError::UpstreamInvalid {
-                        upstream,
-                        reason: "stream cancelled: every caller left".to_owned(),
-                    });
+                    // Local to this instance: recorded for no one elsewhere.
+                    return Err(GatewayError::StreamAbandoned);
                 }
             };
             // The stream was paid for whether or not it completed.
@@ -171,13 +169,21 @@ pub(super) fn stream_loader(
     })
 }
 
-/// Resolves when every stream reader has gone and no caller waits for the
-/// complete answer.
+/// How often an abandoned stream's owner asks whether callers on other
+/// instances still read its mirror (their heartbeat lives two seconds).
+const REMOTE_READERS_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Resolves when every stream reader has gone, here and on other instances
+/// (the mirror's own reader is none), and no caller waits for the complete
+/// answer.
 pub(super) async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
     log.abandoned().await;
     if publisher.waiters() > 0 {
         // Non-stream callers still wait for the answer: let it finish.
         std::future::pending::<()>().await;
+    }
+    while publisher.remote_readers().await {
+        tokio::time::sleep(REMOTE_READERS_POLL).await;
     }
 }
 

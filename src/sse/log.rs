@@ -231,6 +231,18 @@ impl StreamLog {
             count.live += 1;
             count.joined = true;
         });
+        self.cursor(usage, true)
+    }
+
+    /// A cursor for the stream's mirror into Redis: it reads every event, and
+    /// is cut behind like any reader, but is not a caller, so it keeps no
+    /// stream alive (`abandoned`): the callers it relays to elsewhere say
+    /// whether they are still there themselves.
+    pub fn mirror_reader(&self) -> StreamReader {
+        self.cursor(CallerUsage::Asked, false)
+    }
+
+    fn cursor(&self, usage: CallerUsage, counted: bool) -> StreamReader {
         let state = self.shared.state.subscribe();
         let joined_at = state.borrow().bytes;
         StreamReader {
@@ -239,6 +251,7 @@ impl StreamLog {
             joined_at,
             cut: false,
             usage,
+            counted,
             shared: Arc::clone(&self.shared),
         }
     }
@@ -469,6 +482,8 @@ pub struct StreamReader {
     /// Cut for lagging: its error event was its last.
     cut: bool,
     usage: CallerUsage,
+    /// A caller's reader (counted in `readers`), not the mirror's.
+    counted: bool,
     shared: Arc<Shared>,
 }
 
@@ -537,8 +552,10 @@ impl StreamReader {
 
 impl Drop for StreamReader {
     fn drop(&mut self) {
-        self.shared
-            .readers
-            .send_modify(|count| count.live = count.live.saturating_sub(1));
+        if self.counted {
+            self.shared
+                .readers
+                .send_modify(|count| count.live = count.live.saturating_sub(1));
+        }
     }
 }

@@ -6,6 +6,7 @@ mod harness;
 mod prompts_golden;
 mod redis_server;
 
+mod abandoned;
 mod agents;
 mod announce;
 mod anthropic;
