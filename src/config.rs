@@ -139,6 +139,11 @@ pub struct RedisConfig {
     /// How long the breaker stays open before one probe is let through.
     #[serde(with = "humantime_serde")]
     pub breaker_cool_down: Duration,
+    /// Most connections of this instance that follow mirrored streams with a
+    /// blocking read (one per stream while it is relayed); a stream relayed
+    /// beyond them polls on the shared connection instead, so a busy fleet
+    /// never exhausts Redis's `maxclients`.
+    pub max_relay_connections: usize,
     /// Variable holding the 32-byte key (64 hex digits) cache values in Redis
     /// are encrypted with. Absent: values are stored in the clear.
     pub encryption_key_env: Option<String>,
@@ -160,6 +165,7 @@ impl Default for RedisConfig {
             l1_ttl: Duration::from_secs(5),
             breaker_failures: 3,
             breaker_cool_down: Duration::from_secs(1),
+            max_relay_connections: 32,
             encryption_key_env: None,
             encryption_key: None,
         }

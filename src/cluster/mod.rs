@@ -205,6 +205,8 @@ pub struct Cluster {
     /// Announcements published, and the subscribers Redis said they reached.
     published: AtomicU64,
     delivered: AtomicU64,
+    /// Places for a relay's own connection (`redis.max_relay_connections`).
+    relay_connections: Arc<tokio::sync::Semaphore>,
 }
 
 impl Cluster {
@@ -235,6 +237,7 @@ impl Cluster {
                 .map(|key| Sealer::new(key.expose())),
             published: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            relay_connections: Arc::new(tokio::sync::Semaphore::new(config.max_relay_connections)),
         });
         let target = match config.is_cluster() {
             true => Target::Cluster(config.node_urls()),
@@ -839,6 +842,9 @@ const EVENTS_MAX_LEN: usize = 100_000;
 const EVENTS_TTL: Duration = Duration::from_secs(60);
 /// One blocking read's wait; the relay checks for a stall between reads.
 const EVENTS_BLOCK: Duration = Duration::from_millis(500);
+/// A relay without a connection of its own reads this often while the
+/// stream holds nothing new.
+const EVENTS_POLL: Duration = Duration::from_millis(50);
 /// Once the owner's flight is over, how long its mirror may stay quiet before
 /// a follower's relay gives up on the end marker.
 const SETTLED_GRACE: Duration = Duration::from_secs(1);
@@ -932,6 +938,36 @@ impl Cluster {
         })
     }
 
+    /// A relay's read without a connection of its own: what the stream holds
+    /// after `last_id`, on the shared connection; when it holds nothing new,
+    /// after a pause of `EVENTS_POLL`, as a blocking read would have waited.
+    async fn poll_events(
+        &self,
+        name: &str,
+        last_id: &str,
+    ) -> redis::RedisResult<Option<StreamReadReply>> {
+        let (query, after) = (name.to_owned(), last_id.to_owned());
+        let reply = self
+            .run("poll mirrored events", |mut conn| async move {
+                redis::cmd("XREAD")
+                    .arg("COUNT")
+                    .arg(256)
+                    .arg("STREAMS")
+                    .arg(query)
+                    .arg(after)
+                    .query_async::<Option<StreamReadReply>>(&mut conn)
+                    .await
+            })
+            .await
+            .map_err(|Unavailable| {
+                redis::RedisError::from((redis::ErrorKind::IoError, "Redis is unavailable"))
+            })?;
+        if reply.as_ref().is_none_or(|reply| reply.keys.is_empty()) {
+            tokio::time::sleep(EVENTS_POLL).await;
+        }
+        Ok(reply)
+    }
+
     /// Says that this instance still reads the mirrored stream `name`
     /// belongs to (best effort).
     async fn touch_readers(&self, name: &str) {
@@ -1014,13 +1050,21 @@ impl Cluster {
         let name = self.keys.events(key, token);
         let readers = self.keys.readers(key, token);
         let mut relayed: Option<StreamLog> = None;
-        let Ok(Ok(mut conn)) = tokio::time::timeout(
-            self.config.op_timeout.max(Duration::from_secs(1)),
-            connection::dedicated(&self.config, EVENTS_BLOCK),
-        )
-        .await
-        else {
-            return;
+        // A connection of its own for blocking reads while places last; past
+        // them, non-blocking reads on the shared connection, polled.
+        let mut own = match self.relay_connections.clone().try_acquire_owned() {
+            Ok(place) => {
+                let Ok(Ok(conn)) = tokio::time::timeout(
+                    self.config.op_timeout.max(Duration::from_secs(1)),
+                    connection::dedicated(&self.config, EVENTS_BLOCK),
+                )
+                .await
+                else {
+                    return;
+                };
+                Some((conn, place))
+            }
+            Err(_) => None,
         };
         let mut writer: Option<StreamWriter> = None;
         let mut last_id = "0".to_owned();
@@ -1034,16 +1078,21 @@ impl Cluster {
             if interested() || relayed.as_ref().is_some_and(|log| log.reader_count() > 0) {
                 self.touch_readers(&readers).await;
             }
-            let reply: redis::RedisResult<Option<StreamReadReply>> = redis::cmd("XREAD")
-                .arg("COUNT")
-                .arg(256)
-                .arg("BLOCK")
-                .arg(EVENTS_BLOCK.as_millis() as u64)
-                .arg("STREAMS")
-                .arg(&name)
-                .arg(&last_id)
-                .query_async(&mut conn)
-                .await;
+            let reply: redis::RedisResult<Option<StreamReadReply>> = match &mut own {
+                Some((conn, _place)) => {
+                    redis::cmd("XREAD")
+                        .arg("COUNT")
+                        .arg(256)
+                        .arg("BLOCK")
+                        .arg(EVENTS_BLOCK.as_millis() as u64)
+                        .arg("STREAMS")
+                        .arg(&name)
+                        .arg(&last_id)
+                        .query_async(conn)
+                        .await
+                }
+                None => self.poll_events(&name, &last_id).await,
+            };
             let Ok(reply) = reply else {
                 if let Some(writer) = writer {
                     writer.fail_with("the shared stream was interrupted");

@@ -400,3 +400,70 @@ async fn remote_followers_of_a_mirror_that_fell_behind_get_the_whole_stream_or_a
         assert!(text.contains("\"error\""), "else an error event: {text}");
     }
 }
+
+/// Every connection pool has a size: an instance follows at most
+/// `redis.max_relay_connections` mirrored streams on connections of their
+/// own; the others poll on the shared connection, and every follower still
+/// gets its stream whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_streams_beyond_the_relay_connections_poll_and_redis_clients_stay_bounded() {
+    const STREAMS: usize = 12;
+    const PLACES: usize = 2;
+    let redis = RedisServer::spawn().await;
+    let fleet = slow_stream_fleet(RedisConfig {
+        max_relay_connections: PLACES,
+        ..redis_at(&redis.url())
+    })
+    .await;
+    let mut conn = redis.client().await;
+    let connected = |info: String| -> usize {
+        info.lines()
+            .find_map(|line| line.strip_prefix("connected_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO clients")
+    };
+    let info = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg("clients")
+                .query_async::<String>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let before = connected(info(&mut conn).await);
+    let bodies: Vec<Value> = (0..STREAMS)
+        .map(|i| {
+            streaming(&format!(
+                "distinct stream number {i} relayed to another instance"
+            ))
+        })
+        .collect();
+    let mut owners = Vec::new();
+    for body in &bodies {
+        let mut owner = fleet.instances[0].open(PATH, body).await;
+        let mut bytes = Vec::new();
+        read_events(&mut owner, &mut bytes, 1).await;
+        owners.push((owner, bytes));
+    }
+    let followers: Vec<_> = bodies
+        .iter()
+        .map(|body| fleet.instances[1].spawn_post(PATH, body))
+        .collect();
+    let mut most = before;
+    while !followers.iter().all(|task| task.is_finished()) {
+        most = most.max(connected(info(&mut conn).await));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for ((mut owner, mut bytes), follower) in owners.into_iter().zip(followers) {
+        read_to_end(&mut owner, &mut bytes).await;
+        let follower = follower.await.unwrap();
+        assert_eq!(follower.body, Bytes::from(bytes), "whole, through Redis");
+    }
+    assert!(
+        most <= before + PLACES,
+        "{most} Redis clients at most, {before} before: at most {PLACES} relay connections"
+    );
+    assert_eq!(fleet.provider.calls(), STREAMS as u64);
+}
