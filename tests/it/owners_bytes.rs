@@ -55,6 +55,27 @@ async fn a_refusal_of_the_owners_mode_is_not_a_followers_answer() {
     assert_eq!(gateway.provider.calls(), 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_the_owners_own_fields_is_not_a_followers_answer() {
+    let gateway = TestGateway::start(|_| {}).await;
+    // `stream_options` leaves the key (a delivery field), and OpenAI refuses
+    // it on a request that does not stream: the owner's bytes, not the follower's.
+    let clean = json!({"model": "gpt-4o-mini", "temperature": 0,
+        "messages": [{"role": "user", "content": "options"}]});
+    let mut optioned = clean.clone();
+    optioned["stream_options"] = json!({"include_usage": true});
+    gateway.provider.hold();
+    let owner = gateway.spawn_post(CHAT, &optioned);
+    gateway.wait_for_waiters(1).await;
+    let follower = gateway.spawn_post(CHAT, &clean);
+    gateway.wait_for_waiters(2).await;
+    gateway.provider.release();
+    let (owner, follower) = (owner.await.unwrap(), follower.await.unwrap());
+    assert_eq!(owner.status, StatusCode::BAD_REQUEST);
+    assert_eq!(follower.status, StatusCode::OK, "{:?}", follower.body);
+    assert_eq!(gateway.provider.calls(), 2);
+}
+
 /// A Messages request with a prefill (the assistant's turn begun): Anthropic
 /// refuses one that ends in white space, which the key trims away.
 fn prefilled(prefill: &str) -> Value {

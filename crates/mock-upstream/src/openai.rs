@@ -62,6 +62,16 @@ pub(super) fn chat_completions(body: &[u8], call: u64) -> Result<Answer, Invalid
     let n = choice_count(&request)?;
     let stream = flag(&request, "stream")?;
     let include_usage = include_usage(&request)?;
+    // OpenAI takes stream options only on a request that streams.
+    if !stream
+        && request
+            .get("stream_options")
+            .is_some_and(|options| !options.is_null())
+    {
+        return Err(InvalidRequest::new(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+        ));
+    }
     // OpenAI streams audio output only as pcm16.
     if stream
         && let Some(format) = request
