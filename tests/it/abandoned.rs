@@ -71,15 +71,9 @@ async fn a_reader_on_another_instance_keeps_the_stream_alive() {
     let mut relayed = Vec::new();
     read_events(&mut follower, &mut relayed, 1).await;
     // The follower's relay has said it reads (its heartbeat is in Redis).
-    let mut conn = redis.client().await;
     tokio::time::timeout(WAIT, async {
         loop {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("*:readers:*")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if !keys.is_empty() {
+            if !redis.keys("*:readers:*").await.is_empty() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -124,6 +124,16 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// The keys matching `pattern` (`KEYS`).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self.client().await;
+        redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
     /// `calls=` of one command in `INFO commandstats` (0 before its first call).
     pub async fn command_calls(&self, command: &str) -> u64 {
         let mut conn = self.client().await;

@@ -338,13 +338,9 @@ async fn a_remote_follower_of_a_trimmed_stream_gets_an_error_not_an_end() {
     let mut owner_bytes = Vec::new();
     read_events(&mut owner, &mut owner_bytes, 3).await;
     // Trim the mirror as MAXLEN would a stream far longer than this one.
-    let mut conn = redis.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*:events:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = redis.keys("*:events:*").await;
     assert_eq!(keys.len(), 1, "{keys:?}");
+    let mut conn = redis.client().await;
     let _: u64 = redis::cmd("XTRIM")
         .arg(&keys[0])
         .arg("MAXLEN")
