@@ -61,9 +61,18 @@ impl TtlPolicy {
 
 /// XFetch: refresh before the soft expiry with probability rising as it nears,
 /// `now - delta * beta * ln(u) >= soft_expiry` for `u` uniform in (0, 1].
-/// Slow-to-compute entries (large delta) start refreshing earlier.
+/// Slow-to-compute entries (large delta) start refreshing earlier, but never
+/// in the first half of the entry's soft TTL: an early refresh is a billed
+/// call for an answer that is still fresh, and a reasoning model's 150 s
+/// answer would otherwise be refreshed by a tenth of the hits right after it
+/// was stored.
 pub fn should_refresh_early(entry: &Entry, now_ms: u64, beta: f64, u: f64) -> bool {
     if beta <= 0.0 || now_ms >= entry.soft_expires_at_ms {
+        return false;
+    }
+    let half_life = entry.stored_at_ms
+        + entry.soft_expires_at_ms.saturating_sub(entry.stored_at_ms) / 2;
+    if now_ms < half_life {
         return false;
     }
     let delta_ms = entry.compute_time.as_secs_f64() * 1000.0;
@@ -120,6 +129,28 @@ mod tests {
             !should_refresh_early(&e, 9_990, 0.0, 0.01),
             "beta 0 disables it"
         );
+    }
+
+    /// A deterministic answer that took 150 s, then 200 hits spread over the
+    /// first half of its 5-minute soft TTL, each drawing its own `u`: none
+    /// refreshes (which would be a billed call for a fresh answer). Past the
+    /// half, the slow answer does refresh early, as XFetch means it to.
+    #[test]
+    fn a_slow_answer_is_never_refreshed_in_the_first_half_of_its_soft_ttl() {
+        let e = entry(0, 300_000, 3_600_000, 150_000);
+        let mut rng = StdRng::seed_from_u64(7);
+        for hit in 0..200u64 {
+            let now = hit * 150_000 / 200;
+            let u = rng.random_range(f64::MIN_POSITIVE..=1.0);
+            assert!(!should_refresh_early(&e, now, 1.0, u), "hit {hit} at {now} ms");
+        }
+        let refreshed = (0..200u64)
+            .filter(|hit| {
+                let now = 150_000 + hit * 150_000 / 200;
+                should_refresh_early(&e, now, 1.0, rng.random_range(f64::MIN_POSITIVE..=1.0))
+            })
+            .count();
+        assert!(refreshed > 0, "the second half refreshes early");
     }
 
     proptest! {
