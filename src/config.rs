@@ -350,6 +350,12 @@ pub struct CoalesceConfig {
     /// every reader gets an error event, nothing is cached.
     #[serde(with = "humantime_serde")]
     pub stream_stall_timeout: Duration,
+    /// While a stream is silent (a model thinking), each reader receives an
+    /// SSE comment this often, so proxies and load balancers with idle
+    /// timeouts do not cut it; the SDKs ignore comments, and they are never
+    /// stored or replayed. Zero: none.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
     /// A streaming caller that falls further behind the live stream than this
     /// (bytes written since it joined that it has not read) gets an error event
     /// and is cut, instead of pinning the stream while it dawdles.
@@ -381,6 +387,7 @@ impl Default for CoalesceConfig {
             max_waiters: 10_000,
             wait_timeout: Duration::from_secs(180),
             stream_stall_timeout: Duration::from_secs(60),
+            keepalive_interval: Duration::from_secs(15),
             max_reader_lag_bytes: 8 * 1024 * 1024,
             cancel_when_abandoned: false,
             max_total_waiters: 100_000,

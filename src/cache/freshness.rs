@@ -70,8 +70,8 @@ pub fn should_refresh_early(entry: &Entry, now_ms: u64, beta: f64, u: f64) -> bo
     if beta <= 0.0 || now_ms >= entry.soft_expires_at_ms {
         return false;
     }
-    let half_life = entry.stored_at_ms
-        + entry.soft_expires_at_ms.saturating_sub(entry.stored_at_ms) / 2;
+    let half_life =
+        entry.stored_at_ms + entry.soft_expires_at_ms.saturating_sub(entry.stored_at_ms) / 2;
     if now_ms < half_life {
         return false;
     }
@@ -142,7 +142,10 @@ mod tests {
         for hit in 0..200u64 {
             let now = hit * 150_000 / 200;
             let u = rng.random_range(f64::MIN_POSITIVE..=1.0);
-            assert!(!should_refresh_early(&e, now, 1.0, u), "hit {hit} at {now} ms");
+            assert!(
+                !should_refresh_early(&e, now, 1.0, u),
+                "hit {hit} at {now} ms"
+            );
         }
         let refreshed = (0..200u64)
             .filter(|hit| {

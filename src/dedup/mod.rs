@@ -508,8 +508,7 @@ async fn serve_stream(
     tracing::debug!(cache = status.as_str(), fingerprint = %request.fingerprint.short_hex(), "served");
     // Each caller reads its own label fields in the lifecycle events.
     let echo = request.echo.clone();
-    let events = reader
-        .into_stream()
+    let events = sse::with_keepalive(reader.into_stream(), app.config.coalesce.keepalive_interval)
         .map(move |event| {
             event.map(|event| match &echo {
                 Some(echo) => echo.event(&event).unwrap_or(event),

@@ -73,6 +73,36 @@ pub fn error_event(message: &str) -> Bytes {
     }))
 }
 
+/// What a silent stream's readers receive every `coalesce.keepalive_interval`:
+/// an SSE comment, which every SSE parser (the SDKs' included) skips.
+pub const KEEPALIVE: Bytes = Bytes::from_static(b": keep-alive\n\n");
+
+/// `events`, with a [`KEEPALIVE`] comment whenever `every` passes without an
+/// event (none when `every` is zero). Only what a reader receives: the log,
+/// the cache and replays never see one.
+pub fn with_keepalive<S>(
+    events: S,
+    every: std::time::Duration,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send
+where
+    S: futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
+{
+    use futures::StreamExt;
+    let events = Box::pin(events);
+    futures::stream::unfold(events, move |mut events| async move {
+        if every.is_zero() {
+            return events.next().await.map(|event| (event, events));
+        }
+        // The stream keeps its pending read across a timeout (`next` only
+        // borrows it), so no event is lost to a keep-alive.
+        match tokio::time::timeout(every, events.next()).await {
+            Ok(Some(event)) => Some((event, events)),
+            Ok(None) => None,
+            Err(_) => Some((Ok(KEEPALIVE), events)),
+        }
+    })
+}
+
 /// The JSON text of an event in corral's framing (`None` for `[DONE]` or any other frame).
 pub fn event_json(event: &[u8]) -> Option<&[u8]> {
     let json = event.strip_prefix(b"data: ")?.strip_suffix(b"\n\n")?;

@@ -463,3 +463,40 @@ async fn remote_streams_beyond_the_relay_connections_poll_and_redis_clients_stay
     );
     assert_eq!(fleet.provider.calls(), STREAMS as u64);
 }
+
+/// A model that thinks before its first event: every reader of the stream,
+/// owner and follower, receives keep-alive comments while it is silent, then
+/// the whole stream; the stored answer replays without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_stream_keeps_its_readers_alive_and_stores_no_comment() {
+    let provider = MockProvider::start(MockSettings {
+        stream_first_event_delay: Duration::from_millis(1500),
+        ..MockSettings::default()
+    })
+    .await
+    .unwrap();
+    let gateway = TestGateway::start_with(provider, |config| {
+        config.coalesce.keepalive_interval = Duration::from_millis(100);
+    })
+    .await;
+    let body = streaming("think before you answer");
+    let replies = gateway.herd(PATH, &body, 2, &[]).await;
+    for reply in &replies {
+        let text = String::from_utf8_lossy(&reply.body);
+        assert!(text.starts_with(": keep-alive\n\n"), "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        let events: String = text.replace(": keep-alive\n\n", "");
+        assert!(!events.contains(": keep-alive"));
+    }
+    let without =
+        |reply: &Reply| String::from_utf8_lossy(&reply.body).replace(": keep-alive\n\n", "");
+    assert_eq!(
+        without(&replies[0]),
+        without(&replies[1]),
+        "the same events"
+    );
+    let replayed = gateway.post(PATH, &body).await;
+    assert_eq!(replayed.cache(), "HIT");
+    assert!(!String::from_utf8_lossy(&replayed.body).contains("keep-alive"));
+    assert_eq!(gateway.provider.calls(), 1);
+}

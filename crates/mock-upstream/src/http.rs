@@ -223,6 +223,7 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                     Ok(Answer::Json(value)) => Json(value).into_response(),
                     Ok(Answer::Stream(events)) => sse_response(
                         events,
+                        shared.settings.stream_first_event_delay,
                         shared.settings.stream_chunk_delay,
                         shared.truncate_streams(),
                     ),
@@ -246,9 +247,10 @@ fn rolls_failure(failure: &FailureMode) -> bool {
     rand::random::<f64>() < failure.fraction
 }
 
-/// Stream `events`, pausing `delay` between two of them; when `truncate` is on, stop after the
-/// first content event by failing the body, which makes hyper drop the connection mid-stream.
-fn sse_response(events: SseEvents, delay: Duration, truncate: bool) -> Response {
+/// Stream `events`, silent for `first` before the first, pausing `delay` between two of them;
+/// when `truncate` is on, stop after the first content event by failing the body, which makes
+/// hyper drop the connection mid-stream.
+fn sse_response(events: SseEvents, first: Duration, delay: Duration, truncate: bool) -> Response {
     let SseEvents {
         mut events,
         first_content,
@@ -258,6 +260,9 @@ fn sse_response(events: SseEvents, delay: Duration, truncate: bool) -> Response 
     }
     let frames = futures::stream::iter(events.into_iter().enumerate()).then(
         move |(index, event)| async move {
+            if index == 0 && !first.is_zero() {
+                tokio::time::sleep(first).await;
+            }
             if index > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }

@@ -55,6 +55,9 @@ pub struct MockSettings {
     pub latency: Duration,
     /// Pause between two SSE events of a streamed answer; zero sends the stream in one go.
     pub stream_chunk_delay: Duration,
+    /// Silence between a streamed answer's response head and its first event: a reasoning
+    /// model thinking before it says anything.
+    pub stream_first_event_delay: Duration,
     /// Failure injection active from the start, as if [`MockProvider::set_failure`] were called.
     pub failure: Option<FailureMode>,
     /// The model ids `/v1/models` lists; `None` lists the default three (`gpt-4o-mini`,

@@ -28,6 +28,9 @@ struct Args {
     /// Pause between two SSE events of a streamed answer.
     #[arg(long, default_value = "20ms")]
     stream_chunk_delay: humantime::Duration,
+    /// Silence before a streamed answer's first event (a model thinking), e.g. `100s`.
+    #[arg(long, default_value = "0ms")]
+    stream_first_event_delay: humantime::Duration,
     /// Make calls fail with this HTTP status.
     #[arg(long)]
     fail_status: Option<u16>,
@@ -57,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = MockSettings {
         latency: args.latency.into(),
         stream_chunk_delay: args.stream_chunk_delay.into(),
+        stream_first_event_delay: args.stream_first_event_delay.into(),
         failure: args.fail_status.map(|status| FailureMode {
             status,
             fraction: args.fail_fraction,

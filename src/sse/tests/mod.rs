@@ -2,6 +2,7 @@
 //! `now_or_never` for "not yet"); time only ever moves on a paused clock.
 
 mod convert;
+mod keepalive;
 mod log;
 mod mock;
 mod relay;
