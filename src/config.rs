@@ -413,6 +413,11 @@ pub struct RetryConfig {
     pub budget_ratio: f64,
     /// Retries per second always allowed, so a quiet upstream can still retry.
     pub budget_min_per_sec: f64,
+    /// Resend a request the provider may already have (an attempt that timed
+    /// out or lost its connection after the request was sent). Off: the
+    /// provider may be generating it, and bills it; connect errors and
+    /// retryable statuses are retried either way.
+    pub resend_sent_requests: bool,
     /// How long the answer of a completed flight (sampled or not) stays
     /// readable by the client's own retries (`X-Stainless-Retry-Count` > 0, or
     /// a repeated `Idempotency-Key`), and how long an idempotency key stays
@@ -433,6 +438,7 @@ impl Default for RetryConfig {
             deadline: Duration::from_secs(150),
             budget_ratio: 0.2,
             budget_min_per_sec: 1.0,
+            resend_sent_requests: false,
             dedup_window: Duration::from_secs(300),
             dedup_max_bytes: 64 * 1024 * 1024,
         }

@@ -297,7 +297,7 @@ impl Upstream {
         model: &ModelLabel,
     ) -> Result<reqwest::Response, GatewayError> {
         let started = Instant::now();
-        let (result, attempts) = self.streaming_attempts(outbound).await;
+        let (result, attempts) = self.streaming_attempts(outbound, true).await;
         let code = result.as_ref().map(reqwest::Response::status);
         let status = match &code {
             Ok(code) => code.as_str(),
@@ -309,20 +309,26 @@ impl Upstream {
         result.map_err(|err| name_timeout(err, &target.name))
     }
 
-    /// Sends with retries until a 2xx response's headers arrive, and returns it
-    /// for the caller to stream. Nothing is retried once the body is relayed.
+    /// Sends a pass-through request until a 2xx response's headers arrive,
+    /// and returns it for the caller to stream. Nothing is retried once the
+    /// body is relayed, and an error status only for a request that cannot
+    /// create or bill anything twice (`GET`, `HEAD`): a slow image generation
+    /// that ends in a 500 may have been made, and billed, all the same.
     pub async fn call_streaming(
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
-        let (result, _attempts) = self.streaming_attempts(outbound).await;
+        let retry_statuses = is_safe(&outbound.method);
+        let (result, _attempts) = self.streaming_attempts(outbound, retry_statuses).await;
         let target = &self.targets[outbound.upstream];
         result.map_err(|err| name_timeout(err, &target.name))
     }
 
+    /// `retry_statuses`: whether a retryable status is retried at all.
     async fn streaming_attempts(
         &self,
         outbound: &Outbound,
+        retry_statuses: bool,
     ) -> (Result<reqwest::Response, GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
         self.protected(outbound, || async {
@@ -336,7 +342,9 @@ impl Upstream {
                 .read_body(target, response)
                 .await
                 .map_err(AttemptError::fatal)?;
-            Err(status_error(target.api, status, &headers, body))
+            let mut refused = status_error(target.api, status, &headers, body);
+            refused.retryable &= retry_statuses;
+            Err(refused)
         })
         .await
     }
@@ -379,15 +387,20 @@ impl Upstream {
         }
         // Until the response headers: `first_byte_timeout` (the whole exchange,
         // when buffered, is bounded by `timeout` on the request itself).
+        // Past the connection, the provider may have the request and be
+        // computing it (and billing it): it is sent again only when that
+        // cannot cost twice.
+        let resend = self.retry.resend_sent_requests || is_safe(&outbound.method);
         let response = match tokio::time::timeout(target.first_byte_timeout, request.send()).await {
             Ok(response) => response,
             Err(_) => {
-                return Err(AttemptError::retryable(GatewayError::UpstreamTimeout {
+                let timeout = GatewayError::UpstreamTimeout {
                     upstream: target.name.clone(),
-                }));
+                };
+                return Err(AttemptError::when(resend, timeout));
             }
         };
-        let response = response.map_err(|err| classify_send_error(err, &target.name))?;
+        let response = response.map_err(|err| classify_send_error(err, &target.name, resend))?;
         traces::record_upstream_status(response.status());
         Ok(response)
     }
@@ -520,18 +533,33 @@ fn confined_url(
     if inside { Ok(url) } else { Err(refused()) }
 }
 
-/// Connect errors and timeouts before any response are worth another attempt.
-fn classify_send_error(err: reqwest::Error, upstream: &str) -> AttemptError {
-    if err.is_timeout() {
-        AttemptError::retryable(GatewayError::UpstreamTimeout {
-            upstream: upstream.to_owned(),
-        })
+/// A connect error is worth another attempt (nothing reached the provider);
+/// a timeout or a connection lost after that, only when `resend` says the
+/// request may be sent twice.
+fn classify_send_error(err: reqwest::Error, upstream: &str, resend: bool) -> AttemptError {
+    let retryable = err.is_connect() || resend;
+    if err.is_timeout() && !err.is_connect() {
+        AttemptError::when(
+            retryable,
+            GatewayError::UpstreamTimeout {
+                upstream: upstream.to_owned(),
+            },
+        )
     } else {
-        AttemptError::retryable(GatewayError::UpstreamUnreachable {
-            upstream: upstream.to_owned(),
-            reason: error_chain(&err),
-        })
+        AttemptError::when(
+            retryable,
+            GatewayError::UpstreamUnreachable {
+                upstream: upstream.to_owned(),
+                reason: error_chain(&err),
+            },
+        )
     }
+}
+
+/// A method whose request can be sent twice without creating or billing
+/// anything twice.
+fn is_safe(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 fn status_error(api: Api, status: StatusCode, headers: &HeaderMap, body: Bytes) -> AttemptError {

@@ -38,6 +38,15 @@ impl AttemptError {
             retry_after: None,
         }
     }
+
+    /// Retryable when `retryable` says so.
+    pub fn when(retryable: bool, error: GatewayError) -> Self {
+        Self {
+            error,
+            retryable,
+            retry_after: None,
+        }
+    }
 }
 
 /// Whether an upstream status may be retried, given the upstream's API and

@@ -199,3 +199,81 @@ async fn an_absurd_retry_after_is_bounded_and_relayed_not_a_panic() {
     assert_eq!(passed.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(passed.json()["error"]["code"], "rate_limit_exceeded");
 }
+
+/// A request the provider has is not sent again: an attempt that timed out
+/// after the request went out (the provider hangs after reading it) is one
+/// attempt and a 504, whatever `max_attempts` says, since the provider may
+/// be generating it and bills it. A connect error (nothing went out) is
+/// retried: the unreachable upstream sees as many connection attempts as
+/// `max_attempts` allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_provider_has_is_never_sent_twice() {
+    let gateway = TestGateway::start(|config| {
+        config.upstreams[0].request_timeout = Duration::from_secs(2);
+        config.retry.max_attempts = 3;
+    })
+    .await;
+    gateway.provider.hold();
+    let reply = gateway.post(PATH, &chat("a provider that hangs")).await;
+    gateway.provider.release();
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(reply.json()["error"]["code"], "upstream_timeout");
+    assert_eq!(
+        gateway.provider.received(),
+        ["POST /v1/chat/completions"],
+        "one attempt"
+    );
+
+    // Nothing listens on the port: every attempt is a connect error, retried.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap();
+    drop(listener);
+    let unreachable = TestGateway::start(move |config| {
+        config.upstreams[0].base_url = format!("http://{closed}/v1");
+        config.retry.max_attempts = 3;
+        config.retry.base_delay = Duration::from_millis(1);
+        config.retry.max_delay = Duration::from_millis(5);
+    })
+    .await;
+    let reply = unreachable.post(PATH, &chat("anyone?")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    let metrics = unreachable.get("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let retries: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("corral_upstream_retries_total"))
+        .collect();
+    assert!(
+        retries.iter().any(|line| line.ends_with(" 2")),
+        "two retries after the first connection attempt: {retries:?}"
+    );
+}
+
+/// A pass-through POST (an image generation, an upload) that ends in a
+/// retryable status is not sent again: it may have been made, and billed.
+/// (A connect error is retried for any method: the test above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_post_is_not_retried_on_a_5xx() {
+    let gateway = TestGateway::start(|config| {
+        config.retry.base_delay = Duration::from_millis(1);
+        config.retry.max_delay = Duration::from_millis(5);
+    })
+    .await;
+    gateway
+        .provider
+        .push_script(Scripted::json(500, error_body("server_error")));
+    let boundary = "corral-no-resend";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let reply = gateway
+        .post_raw(
+            "/v1/audio/transcriptions",
+            upload,
+            &[("content-type", content_type.as_str())],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "relayed");
+    assert_eq!(gateway.provider.calls(), 1, "one call");
+}
