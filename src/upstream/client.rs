@@ -157,9 +157,13 @@ impl Upstream {
     }
 
     /// `retry::with_retries` behind the upstream's guard: every attempt passes
-    /// the circuit breaker, the rate cap and the concurrency cap, reports to
-    /// the breaker, and a retry happens only while the retry budget allows.
-    /// The shutdown cut ends it at once.
+    /// the circuit breaker, the rate cap and the concurrency cap, and a retry
+    /// happens only while the retry budget allows. The breaker counts calls,
+    /// not attempts: a failed attempt's verdict waits until the call goes on
+    /// (then it is released without one) or ends (then it is the call's
+    /// failure), so one call of three failed attempts is one failure, and a
+    /// call that failed once then answered is a success. The shutdown cut
+    /// ends it at once.
     ///
     /// With traces, each attempt is a client span under the current span, and
     /// the request it sends carries that span's `traceparent`.
@@ -176,12 +180,21 @@ impl Upstream {
         let guard = &target.guard;
         let max_attempts = retry::max_attempts(&self.retry);
         let made = AtomicUsize::new(0);
+        // The last failed attempt's permit, its verdict not given yet.
+        let failed: std::sync::Mutex<Option<crate::breaker::Permit<'_>>> =
+            std::sync::Mutex::new(None);
+        let take_failed = || failed.lock().unwrap_or_else(|p| p.into_inner()).take();
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;
             let call = attempt();
+            let (failed, take_failed) = (&failed, &take_failed);
             async move {
                 if n == 1 {
                     guard.budget.record_first();
+                }
+                // The call goes on: the earlier attempt's failure is not its verdict.
+                if let Some(earlier) = take_failed() {
+                    earlier.release();
                 }
                 let ticket = guard.admit().map_err(AttemptError::fatal)?;
                 let _place = guard.acquire().await;
@@ -201,7 +214,7 @@ impl Upstream {
                 }
                 match &result {
                     Err(err) if is_upstream_failure(&err.error) => {
-                        ticket.failure();
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
                     }
                     _ => ticket.success(),
                 }
@@ -214,10 +227,21 @@ impl Upstream {
                 })
             }
         });
-        tokio::select! {
+        let outcome = tokio::select! {
             outcome = run => outcome,
             () = self.cut.cancelled() => (Err(GatewayError::ShuttingDown), made.load(Ordering::Relaxed)),
+        };
+        // The call ended on a failed attempt: that is the call's failure
+        // (none when shutdown cut it: the provider was not at fault).
+        if let Some(last) = take_failed() {
+            match &outcome.0 {
+                Err(GatewayError::ShuttingDown) => last.release(),
+                _ => {
+                    last.failure();
+                }
+            }
         }
+        outcome
     }
 
     /// Sends with retries and reads the whole body. Only a 2xx is `Ok`; the
@@ -312,13 +336,15 @@ impl Upstream {
     /// Sends a pass-through request until a 2xx response's headers arrive,
     /// and returns it for the caller to stream. Nothing is retried once the
     /// body is relayed, and an error status only for a request that cannot
-    /// create or bill anything twice (`GET`, `HEAD`): a slow image generation
-    /// that ends in a 500 may have been made, and billed, all the same.
+    /// create or bill anything twice (`GET`, `HEAD`, a token count): a slow
+    /// image generation that ends in a 500 may have been made, and billed, all
+    /// the same.
     pub async fn call_streaming(
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
-        let retry_statuses = is_safe(&outbound.method);
+        let retry_statuses = is_safe(&outbound.method)
+            || FREE_TO_RESEND.contains(&outbound.path.as_ref());
         let (result, _attempts) = self.streaming_attempts(outbound, retry_statuses).await;
         let target = &self.targets[outbound.upstream];
         result.map_err(|err| name_timeout(err, &target.name))
@@ -555,6 +581,10 @@ fn classify_send_error(err: reqwest::Error, upstream: &str, resend: bool) -> Att
         )
     }
 }
+
+/// Pass-through `POST`s that create and bill nothing (a token count, a
+/// moderation check): an error status is retried like a `GET`'s.
+const FREE_TO_RESEND: &[&str] = &["/messages/count_tokens", "/moderations"];
 
 /// A method whose request can be sent twice without creating or billing
 /// anything twice.

@@ -5,6 +5,8 @@ use std::time::Duration;
 use mock_upstream::{FailureMode, Scripted};
 use reqwest::StatusCode;
 
+use corral::breaker::BreakerState;
+
 use crate::harness::{Reply, TestGateway, chat};
 
 const PATH: &str = "/v1/chat/completions";
@@ -276,4 +278,36 @@ async fn a_pass_through_post_is_not_retried_on_a_5xx() {
         .await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "relayed");
     assert_eq!(gateway.provider.calls(), 1, "one call");
+}
+
+/// The breaker counts calls, not attempts: a call of three failed attempts
+/// is one failure (with a threshold of two the circuit stays closed), the
+/// second such call opens it, and a call that failed once and then answered
+/// is a success that resets the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_counts_calls_not_attempts() {
+    let gateway = TestGateway::start(|config| {
+        config.retry.max_attempts = 3;
+        config.retry.base_delay = Duration::from_millis(1);
+        config.retry.max_delay = Duration::from_millis(5);
+        config.upstreams[0].breaker_failures = 2;
+    })
+    .await;
+    let circuit = || gateway.state.upstream.circuit(0);
+    // Failed once, then answered: a success.
+    gateway
+        .provider
+        .push_script(Scripted::json(503, error_body("overloaded")));
+    assert_eq!(
+        gateway.post(PATH, &chat("recovered")).await.status,
+        StatusCode::OK
+    );
+    gateway.provider.set_failure(Some(FailureMode::always(503)));
+    let first = gateway.post(PATH, &chat("first failing call")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(gateway.provider.calls(), 5, "2 + 3 attempts");
+    assert_eq!(circuit(), BreakerState::Closed, "one call, one failure");
+    let second = gateway.post(PATH, &chat("second failing call")).await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(circuit(), BreakerState::Open, "two calls, two failures");
 }
