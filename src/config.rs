@@ -346,10 +346,15 @@ pub struct CoalesceConfig {
     /// How long a follower waits for the owner's result before giving up (504).
     #[serde(with = "humantime_serde")]
     pub wait_timeout: Duration,
-    /// A streamed upstream response that sends no event for this long is broken:
-    /// every reader gets an error event, nothing is cached.
+    /// A streamed upstream response that sends no event for this long after
+    /// its first one is broken: every reader gets an error event, nothing is
+    /// cached.
     #[serde(with = "humantime_serde")]
     pub stream_stall_timeout: Duration,
+    /// The longest silence before a stream's first event: long enough for a
+    /// reasoning model that thinks for minutes before it says anything.
+    #[serde(with = "humantime_serde")]
+    pub first_event_timeout: Duration,
     /// While a stream is silent (a model thinking), each reader receives an
     /// SSE comment this often, so proxies and load balancers with idle
     /// timeouts do not cut it; the SDKs ignore comments, and they are never
@@ -381,12 +386,25 @@ pub enum OnWaitTimeout {
     OwnCall,
 }
 
+impl CoalesceConfig {
+    /// How long a stream may be silent, before its first event and after.
+    pub fn stream_silence(&self) -> crate::sse::Silence {
+        crate::sse::Silence {
+            first_event: self.first_event_timeout,
+            between_events: self.stream_stall_timeout,
+        }
+    }
+}
+
 impl Default for CoalesceConfig {
     fn default() -> Self {
         Self {
             max_waiters: 10_000,
-            wait_timeout: Duration::from_secs(180),
+            // Past the upstreams' `request_timeout` (10 minutes): a follower
+            // never gives up on a call that is still within its time.
+            wait_timeout: Duration::from_secs(900),
             stream_stall_timeout: Duration::from_secs(60),
+            first_event_timeout: Duration::from_secs(600),
             keepalive_interval: Duration::from_secs(15),
             max_reader_lag_bytes: 8 * 1024 * 1024,
             cancel_when_abandoned: false,
@@ -405,7 +423,9 @@ pub struct RetryConfig {
     pub base_delay: Duration,
     #[serde(with = "humantime_serde")]
     pub max_delay: Duration,
-    /// Bound on all attempts and the waits between them together.
+    /// After this long from a call's start, no retry starts (and no wait for
+    /// one): it bounds the retries, not an attempt under way, which runs to
+    /// its upstream's `request_timeout`.
     #[serde(with = "humantime_serde")]
     pub deadline: Duration,
     /// Retries per upstream are at most this fraction of first attempts
@@ -863,8 +883,9 @@ fn default_models() -> Vec<String> {
 fn default_connect_timeout() -> Duration {
     Duration::from_secs(5)
 }
+/// The provider SDKs wait 10 minutes: a reasoning model may take that long.
 fn default_request_timeout() -> Duration {
-    Duration::from_secs(120)
+    Duration::from_secs(600)
 }
 fn default_first_byte_timeout() -> Duration {
     Duration::from_secs(60)

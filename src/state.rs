@@ -176,7 +176,7 @@ impl AppState {
                 wait_timeout: config.coalesce.wait_timeout,
                 on_wait_timeout: config.coalesce.on_wait_timeout,
                 stream_limits: stream_log_limits(&config, &metrics),
-                stream_stall_timeout: config.coalesce.stream_stall_timeout,
+                stream_silence: config.coalesce.stream_silence(),
                 max_entry_bytes: config.cache.max_entry_bytes,
                 retry_window: retry_window.clone(),
                 failures: FailureMemory::new(config.cache.error_ttl),

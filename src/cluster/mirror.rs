@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Cluster, Unavailable, connection};
 use crate::{
     fingerprint::CacheKey,
-    sse::{LogEnd, StreamLog, StreamWriter},
+    sse::{LogEnd, Silence, StreamLog, StreamWriter},
 };
 
 /// How long a relay's heartbeat says its instance still reads a mirrored
@@ -232,7 +232,7 @@ impl Cluster {
         publish: impl Fn(StreamLog),
         new_log: impl Fn() -> (StreamLog, StreamWriter),
         interested: impl Fn() -> bool,
-        stall_timeout: Duration,
+        silence: Silence,
         settled: CancellationToken,
     ) {
         let name = self.keys.events(key, token);
@@ -355,6 +355,11 @@ impl Cluster {
                 }
                 return;
             }
+            // Before the first event a model may think for minutes.
+            let stall_timeout = match writer {
+                Some(_) => silence.between_events,
+                None => silence.first_event,
+            };
             if last_event.elapsed() > stall_timeout {
                 if let Some(writer) = writer {
                     writer.fail_with("the shared stream stalled");

@@ -72,8 +72,7 @@ pub(super) async fn cluster_flight(
                         publisher.clone(),
                         settled.clone(),
                     );
-                    let (limits, stall) =
-                        (context.stream_limits.clone(), context.stream_stall_timeout);
+                    let (limits, stall) = (context.stream_limits.clone(), context.stream_silence);
                     tokio::spawn(async move {
                         cluster
                             .relay_events(

@@ -187,7 +187,7 @@ pub struct FlightContext {
     pub on_wait_timeout: OnWaitTimeout,
     /// Bounds of a relayed stream's log, and how long it may go without an event.
     pub stream_limits: crate::sse::LogLimits,
-    pub stream_stall_timeout: Duration,
+    pub stream_silence: crate::sse::Silence,
     /// Answers larger than this are served but never stored.
     pub max_entry_bytes: u64,
     /// Where completed answers wait for the client's retries; `None`: off.

@@ -63,7 +63,7 @@ fn coalescer(store: Arc<GatedStore>) -> Coalescer {
             max_reader_lag: 1 << 20,
             tally: None,
         },
-        stream_stall_timeout: Duration::from_secs(30),
+        stream_silence: Duration::from_secs(30).into(),
         max_entry_bytes: 1 << 20,
         retry_window: None,
         failures: FailureMemory::new(Duration::from_secs(5)),

@@ -83,7 +83,7 @@ pub(super) fn stream_loader(
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
             publisher.publish(log.clone());
-            let stall = app.config.coalesce.stream_stall_timeout;
+            let silence = app.config.coalesce.stream_silence();
             // `request_timeout` bounds the whole flight, headers and every event:
             // past it, every reader gets an error event, the flight ends (its
             // Redis lock with it) and nothing is cached.
@@ -91,7 +91,7 @@ pub(super) fn stream_loader(
                 .upstream
                 .request_timeout(outbound.upstream)
                 .saturating_sub(started.elapsed());
-            let relay = sse::relay_response(response, writer, stall, total);
+            let relay = sse::relay_response(response, writer, silence, total);
             let cancel_when_abandoned = app.config.coalesce.cancel_when_abandoned;
             let abandon = async {
                 if cancel_when_abandoned {

@@ -36,7 +36,9 @@ use serde_json::{Value, json};
 pub use convert::{ConvertError, PIECE_CHARS, assemble, pieces, synthesize};
 pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat, read_named};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
-pub use relay::{BrokenStream, RelayOutcome, RelaySummary, relay, relay_response, relay_until};
+pub use relay::{
+    BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,
+};
 pub use usage::{
     CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, force_stream, without_usage,
 };

@@ -49,6 +49,24 @@ pub enum BrokenStream {
     Abandoned,
 }
 
+/// How long a stream may be silent: before its first event (a reasoning model
+/// thinks first, for minutes), and between two events after that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence {
+    pub first_event: Duration,
+    pub between_events: Duration,
+}
+
+impl From<Duration> for Silence {
+    /// One bound for every wait.
+    fn from(bound: Duration) -> Self {
+        Self {
+            first_event: bound,
+            between_events: bound,
+        }
+    }
+}
+
 /// How a relayed stream ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RelayOutcome {
@@ -86,33 +104,33 @@ impl RelaySummary {
 pub async fn relay_response(
     response: reqwest::Response,
     writer: StreamWriter,
-    stall_timeout: Duration,
+    silence: impl Into<Silence>,
     total: Duration,
 ) -> RelaySummary {
-    relay_until(response.bytes_stream(), writer, stall_timeout, Some(total)).await
+    relay_until(response.bytes_stream(), writer, silence, Some(total)).await
 }
 
 /// Reads `body` as SSE into the writer's log until its completing event or a broken stream, then ends the
 /// log (complete or failed) and returns the summary.
 ///
-/// `stall_timeout` bounds the wait for each event, the first one included. Comments (such as
+/// `silence` bounds the wait for the first event and for each one after. Comments (such as
 /// keep-alives) are not events: they do not count as progress. The raw body is bounded by the
 /// log's `max_bytes` too, because the parser buffers an incomplete line in memory until it
 /// ends. Once the completing event arrives the rest of the body is not read. Dropping the returned future
 /// drops the writer, which fails the log for its readers.
-pub async fn relay<S, E>(body: S, writer: StreamWriter, stall_timeout: Duration) -> RelaySummary
+pub async fn relay<S, E>(body: S, writer: StreamWriter, silence: impl Into<Silence>) -> RelaySummary
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    relay_until(body, writer, stall_timeout, None).await
+    relay_until(body, writer, silence, None).await
 }
 
 /// As [`relay`], and the whole stream must end within `total` from now.
 pub async fn relay_until<S, E>(
     body: S,
     writer: StreamWriter,
-    stall_timeout: Duration,
+    silence: impl Into<Silence>,
     total: Option<Duration>,
 ) -> RelaySummary
 where
@@ -132,7 +150,8 @@ where
         Ok(chunk)
     });
     let mut usage = None;
-    let (outcome, terminal) = read_events(input, writer, stall_timeout, deadline, &mut usage).await;
+    let (outcome, terminal) =
+        read_events(input, writer, silence.into(), deadline, &mut usage).await;
     if let Some((writer, event)) = terminal {
         writer.fail(event);
     }
@@ -148,7 +167,7 @@ where
 async fn read_events<S>(
     input: S,
     mut writer: StreamWriter,
-    stall_timeout: Duration,
+    silence: Silence,
     deadline: Option<(Instant, Duration)>,
     usage_out: &mut Option<Usage>,
 ) -> (RelayOutcome, Option<(StreamWriter, Bytes)>)
@@ -158,7 +177,13 @@ where
     let max_bytes = writer.log().max_bytes();
     let format = writer.log().format();
     let mut events = pin!(SseByteStream::new(input));
+    let mut spoke = false;
     let broken = loop {
+        let stall_timeout = if spoke {
+            silence.between_events
+        } else {
+            silence.first_event
+        };
         let stall_at = Instant::now() + stall_timeout;
         let wait_until = deadline.map_or(stall_at, |(at, _)| at.min(stall_at));
         let next = match tokio::time::timeout_at(wait_until, events.next()).await {
@@ -194,6 +219,7 @@ where
         if counts.is_some() {
             *usage_out = counts;
         }
+        spoke = true;
         if let Some(event) = event {
             match writer.append(event) {
                 Ok(()) => {}

@@ -343,8 +343,8 @@ impl Upstream {
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
-        let retry_statuses = is_safe(&outbound.method)
-            || FREE_TO_RESEND.contains(&outbound.path.as_ref());
+        let retry_statuses =
+            is_safe(&outbound.method) || FREE_TO_RESEND.contains(&outbound.path.as_ref());
         let (result, _attempts) = self.streaming_attempts(outbound, retry_statuses).await;
         let target = &self.targets[outbound.upstream];
         result.map_err(|err| name_timeout(err, &target.name))
@@ -376,7 +376,8 @@ impl Upstream {
     }
 
     /// Sends the request once; with `timeout`, the whole exchange is bounded
-    /// (else only up to the response headers, by the first-byte timeout).
+    /// by it (a buffered call), else the response headers by the first-byte
+    /// timeout (a streamed call, whose body has bounds of its own).
     async fn send_once(
         &self,
         outbound: &Outbound,
@@ -417,7 +418,14 @@ impl Upstream {
         // computing it (and billing it): it is sent again only when that
         // cannot cost twice.
         let resend = self.retry.resend_sent_requests || is_safe(&outbound.method);
-        let response = match tokio::time::timeout(target.first_byte_timeout, request.send()).await {
+        // A buffered call's head comes with its whole answer (a reasoning
+        // model's, after minutes): only `timeout` bounds it. A streamed
+        // call's head comes first, within `first_byte_timeout`.
+        let head_timeout = match timeout {
+            Some(total) => total,
+            None => target.first_byte_timeout,
+        };
+        let response = match tokio::time::timeout(head_timeout, request.send()).await {
             Ok(response) => response,
             Err(_) => {
                 let timeout = GatewayError::UpstreamTimeout {

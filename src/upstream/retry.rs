@@ -147,7 +147,8 @@ pub fn max_attempts(config: &RetryConfig) -> usize {
 }
 
 /// Runs `attempt` until it succeeds, fails for good, runs out of attempts, or
-/// the deadline passes. The returned count is the attempts made.
+/// a retry would start past the deadline. The returned count is the attempts
+/// made.
 pub async fn with_retries<T, F, Fut>(
     config: &RetryConfig,
     mut attempt: F,
@@ -184,12 +185,10 @@ where
     .notify(|err: &AttemptError, delay: Duration| {
         tracing::info!(error = %err.error, ?delay, "retrying upstream");
     });
-    let result = match tokio::time::timeout_at(deadline, run).await {
-        Ok(result) => result.map_err(|err| err.error),
-        Err(_) => Err(GatewayError::UpstreamTimeout {
-            upstream: "upstream".to_owned(),
-        }),
-    };
+    // The deadline decides whether a retry may start (`adjust` above); an
+    // attempt under way runs to its own bound (`request_timeout`): a call a
+    // reasoning model takes minutes over is never cut by the retry budget.
+    let result = run.await.map_err(|err| err.error);
     (result, attempts)
 }
 
@@ -270,6 +269,29 @@ mod tests {
         assert!(result.is_ok());
         assert_eq!(attempts, 2);
         assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+
+    /// The deadline bounds retries, not an attempt under way: a 150 s answer
+    /// under a 60 s deadline is waited for, and a retry after it is not started.
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_under_way_is_never_cut_by_the_deadline() {
+        let start = Instant::now();
+        let (result, attempts) = with_retries(&config(3), || async {
+            tokio::time::sleep(Duration::from_secs(150)).await;
+            Ok::<_, AttemptError>("thought it through")
+        })
+        .await;
+        assert_eq!(result.unwrap(), "thought it through");
+        assert_eq!((attempts, start.elapsed()), (1, Duration::from_secs(150)));
+        let calls = AtomicUsize::new(0);
+        let (result, attempts) = with_retries(&config(3), || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(70)).await;
+            Err::<(), _>(AttemptError::retryable(GatewayError::WaitTimedOut))
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(attempts, 1, "no retry starts past the deadline");
     }
 
     #[tokio::test(start_paused = true)]

@@ -322,6 +322,18 @@ impl TestGateway {
             .expect("request reaches corral")
     }
 
+    /// A handle whose client waits `timeout` for a whole answer, not
+    /// [`WAIT`]: for calls that really take minutes.
+    pub fn patient_handle(&self, timeout: Duration) -> Handle {
+        Handle {
+            url: self.url.clone(),
+            client: reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .expect("a client builds"),
+        }
+    }
+
     /// A cheap handle for concurrent tasks: shares the client and address.
     pub fn clone_handle(&self) -> Handle {
         Handle {

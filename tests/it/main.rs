@@ -23,6 +23,7 @@ mod embeddings;
 mod fuzz_corpora;
 mod label_fields;
 mod logs;
+mod long_calls;
 mod memo;
 mod metrics;
 mod module_graph;

@@ -354,3 +354,52 @@ async fn a_stream_that_drips_past_its_total_deadline_is_broken_though_it_never_s
     let events: Vec<_> = reader.into_stream().map(Result::unwrap).collect().await;
     assert_eq!(events, summary.events, "the reader got the error event too");
 }
+
+/// Two events after `thinking` of silence, the second `gap` after the first, then `[DONE]`.
+fn thinking_body(
+    thinking: Duration,
+    gap: Duration,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::iter([
+        (thinking, "data: {\"n\":1}\n\n"),
+        (gap, "data: {\"n\":2}\n\n"),
+        (Duration::ZERO, "data: [DONE]\n\n"),
+    ])
+    .then(|(pause, chunk)| async move {
+        tokio::time::sleep(pause).await;
+        Ok(Bytes::from_static(chunk.as_bytes()))
+    })
+}
+
+/// The shipped defaults: a model may think for up to 10 minutes before its
+/// first event, and a stream then goes on as long as no gap between events
+/// passes `stream_stall_timeout`, within the 10-minute request bound.
+#[tokio::test(start_paused = true)]
+async fn the_shipped_defaults_let_a_model_think_for_minutes_but_not_fall_silent() {
+    let defaults = crate::config::Config::load(crate::config::EMBEDDED_DEFAULT, [])
+        .expect("the shipped config");
+    let silence = defaults.coalesce.stream_silence();
+    let total = Some(defaults.upstreams[0].request_timeout);
+    let relay = |thinking: Duration, gap: Duration| async move {
+        let (_log, writer) = StreamLog::new(1 << 20);
+        crate::sse::relay_until(thinking_body(thinking, gap), writer, silence, total).await
+    };
+    let thought = relay(Duration::from_secs(9 * 60), Duration::from_secs(5)).await;
+    assert_eq!(
+        thought.outcome,
+        RelayOutcome::Completed,
+        "9 minutes of thinking"
+    );
+    let too_long = relay(Duration::from_secs(11 * 60), Duration::from_secs(5)).await;
+    assert_eq!(
+        broken(&too_long),
+        &BrokenStream::DeadlineExceeded(Duration::from_secs(600)),
+        "past the 10-minute request bound"
+    );
+    let fell_silent = relay(Duration::from_secs(5), Duration::from_secs(61)).await;
+    assert_eq!(
+        broken(&fell_silent),
+        &BrokenStream::Stalled(Duration::from_secs(60)),
+        "silent for longer than the stall bound after it began"
+    );
+}

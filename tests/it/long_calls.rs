@@ -1,0 +1,135 @@
+//! A call may take minutes (reasoning models; the SDKs wait 10 minutes), with
+//! the shipped defaults: a non-stream answer whose head comes after 150 s is
+//! answered once to every caller; a stream that runs for 150 s reaches every
+//! reader, here and on another instance, whole; a stream that thinks for
+//! 100 s before its first event completes, its readers kept alive meanwhile.
+//! These run in real time (the provider really takes that long); they
+//! assert outcomes, never durations.
+
+use std::time::Duration;
+
+use mock_upstream::{MockProvider, MockSettings};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::{
+    harness::{Fleet, Reply, TestGateway, chat, count_status, events_in, redis_at, streamed},
+    redis_server::RedisServer,
+};
+
+const PATH: &str = "/v1/chat/completions";
+
+/// How long a test's client waits for an answer that takes minutes.
+const PATIENCE: Duration = Duration::from_secs(400);
+
+/// `n` identical callers on `gateway`, patient ones, released together once
+/// all of them wait on the one flight.
+async fn patient_herd(gateway: &TestGateway, body: &Value, n: usize) -> Vec<Reply> {
+    gateway.provider.hold();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (handle, body) = (gateway.patient_handle(PATIENCE), body.clone());
+            tokio::spawn(async move { handle.post_with(PATH, &body, &[]).await })
+        })
+        .collect();
+    gateway.wait_for_waiters(n).await;
+    gateway.provider.release();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("request task"));
+    }
+    replies
+}
+
+async fn provider(settings: MockSettings) -> MockProvider {
+    MockProvider::start(settings).await.expect("mock starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_stream_answer_after_150_s_is_one_call_for_fifty_callers() {
+    let slow = provider(MockSettings {
+        latency: Duration::from_secs(150),
+        ..MockSettings::default()
+    })
+    .await;
+    let gateway = TestGateway::start_with(slow, |_| {}).await;
+    let replies = patient_herd(&gateway, &chat("think for two and a half minutes"), 50).await;
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    }
+    assert_eq!(count_status(&replies, "MISS"), 1);
+    assert_eq!(count_status(&replies, "COALESCED"), 49);
+    assert_eq!(gateway.provider.calls(), 1, "called once, never resent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_runs_for_150_s_reaches_every_reader_whole() {
+    // The reply's events, spaced so the stream runs past 150 s (and past the
+    // old two-minute request bound), each gap within the stall bound.
+    let body = streamed(chat("stream slowly for a long time"));
+    let events = {
+        let quick = provider(MockSettings::default()).await;
+        let gateway = TestGateway::start_with(quick, |_| {}).await;
+        events_in(&gateway.post(PATH, &body).await.body)
+    };
+    let gap = Duration::from_secs(150).div_f64(events.saturating_sub(1).max(1) as f64);
+    assert!(
+        gap < Duration::from_secs(60),
+        "{events} events, {gap:?} apart"
+    );
+    let redis = RedisServer::spawn().await;
+    let url = redis.url();
+    let dripping = provider(MockSettings {
+        stream_chunk_delay: gap,
+        ..MockSettings::default()
+    })
+    .await;
+    let fleet = Fleet::start_with(dripping, 2, move |config| {
+        config.redis = Some(redis_at(&url));
+    })
+    .await;
+    // The owner on the first instance, the follower joining on the second
+    // once the stream is under way; both read it to its end.
+    let (a, b) = (&fleet.instances[0], &fleet.instances[1]);
+    let (owner_handle, follower_handle) = (a.patient_handle(PATIENCE), b.patient_handle(PATIENCE));
+    let owner_body = body.clone();
+    let owner = tokio::spawn(async move { owner_handle.post_with(PATH, &owner_body, &[]).await });
+    a.wait_for_calls(1).await;
+    let follower = follower_handle.post_with(PATH, &body, &[]).await;
+    let owner = owner.await.unwrap().body;
+    assert!(owner.ends_with(b"data: [DONE]\n\n"), "{owner:?}");
+    // The follower on the other instance got the same events (keep-alives
+    // aside: a reader may get one in a long gap).
+    let events_of = |bytes: &[u8]| String::from_utf8_lossy(bytes).replace(": keep-alive\n\n", "");
+    assert_eq!(events_of(&follower.body), events_of(&owner));
+    assert_eq!(follower.cache(), "COALESCED");
+    assert_eq!(fleet.provider.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_thinks_for_100_s_first_completes_with_keepalives() {
+    let thinking = provider(MockSettings {
+        stream_first_event_delay: Duration::from_secs(100),
+        ..MockSettings::default()
+    })
+    .await;
+    let gateway = TestGateway::start_with(thinking, |_| {}).await;
+    let body = streamed(chat("think hard before the first word"));
+    let replies = patient_herd(&gateway, &body, 2).await;
+    for reply in &replies {
+        let text = String::from_utf8_lossy(&reply.body);
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        // 100 s of silence, a keep-alive every 15 s.
+        assert!(text.matches(": keep-alive\n\n").count() >= 5, "{text}");
+    }
+    let replay = gateway.post(PATH, &body).await;
+    assert_eq!(replay.cache(), "HIT");
+    assert!(!String::from_utf8_lossy(&replay.body).contains("keep-alive"));
+    let plain: Value = gateway
+        .patient_handle(PATIENCE)
+        .post_with(PATH, &chat("think hard before the first word"), &[])
+        .await
+        .json();
+    assert!(plain["choices"][0]["message"]["content"].is_string());
+    assert_eq!(gateway.provider.calls(), 1);
+}
