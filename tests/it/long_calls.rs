@@ -19,6 +19,23 @@ use crate::{
 
 const PATH: &str = "/v1/chat/completions";
 
+/// The shipped timeouts (the test config shortens them for everything else).
+fn shipped_timeouts(config: &mut corral::Config) {
+    let shipped = corral::Config::load(corral::config::EMBEDDED_DEFAULT, [])
+        .expect("the shipped config loads");
+    let upstream = &shipped.upstreams[0];
+    for mine in &mut config.upstreams {
+        mine.connect_timeout = upstream.connect_timeout;
+        mine.first_byte_timeout = upstream.first_byte_timeout;
+        mine.request_timeout = upstream.request_timeout;
+    }
+    config.coalesce.wait_timeout = shipped.coalesce.wait_timeout;
+    config.coalesce.stream_stall_timeout = shipped.coalesce.stream_stall_timeout;
+    config.coalesce.first_event_timeout = shipped.coalesce.first_event_timeout;
+    config.coalesce.keepalive_interval = shipped.coalesce.keepalive_interval;
+    config.retry.deadline = shipped.retry.deadline;
+}
+
 /// How long a test's client waits for an answer that takes minutes.
 const PATIENCE: Duration = Duration::from_secs(400);
 
@@ -52,7 +69,7 @@ async fn a_non_stream_answer_after_150_s_is_one_call_for_fifty_callers() {
         ..MockSettings::default()
     })
     .await;
-    let gateway = TestGateway::start_with(slow, |_| {}).await;
+    let gateway = TestGateway::start_with(slow, shipped_timeouts).await;
     let replies = patient_herd(&gateway, &chat("think for two and a half minutes"), 50).await;
     for reply in &replies {
         assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
@@ -85,6 +102,7 @@ async fn a_stream_that_runs_for_150_s_reaches_every_reader_whole() {
     })
     .await;
     let fleet = Fleet::start_with(dripping, 2, move |config| {
+        shipped_timeouts(config);
         config.redis = Some(redis_at(&url));
     })
     .await;
@@ -113,7 +131,7 @@ async fn a_stream_that_thinks_for_100_s_first_completes_with_keepalives() {
         ..MockSettings::default()
     })
     .await;
-    let gateway = TestGateway::start_with(thinking, |_| {}).await;
+    let gateway = TestGateway::start_with(thinking, shipped_timeouts).await;
     let body = streamed(chat("think hard before the first word"));
     let replies = patient_herd(&gateway, &body, 2).await;
     for reply in &replies {
