@@ -386,16 +386,6 @@ pub enum OnWaitTimeout {
     OwnCall,
 }
 
-impl CoalesceConfig {
-    /// How long a stream may be silent, before its first event and after.
-    pub fn stream_silence(&self) -> crate::sse::Silence {
-        crate::sse::Silence {
-            first_event: self.first_event_timeout,
-            between_events: self.stream_stall_timeout,
-        }
-    }
-}
-
 impl Default for CoalesceConfig {
     fn default() -> Self {
         Self {

@@ -176,7 +176,7 @@ impl AppState {
                 wait_timeout: config.coalesce.wait_timeout,
                 on_wait_timeout: config.coalesce.on_wait_timeout,
                 stream_limits: stream_log_limits(&config, &metrics),
-                stream_silence: config.coalesce.stream_silence(),
+                stream_silence: stream_silence(&config.coalesce),
                 max_entry_bytes: config.cache.max_entry_bytes,
                 retry_window: retry_window.clone(),
                 failures: FailureMemory::new(config.cache.error_ttl),
@@ -214,5 +214,13 @@ impl AppState {
             config,
             _background: background.drop_guard(),
         })
+    }
+}
+
+/// How long a stream may be silent, before its first event and after.
+pub fn stream_silence(coalesce: &crate::config::CoalesceConfig) -> crate::sse::Silence {
+    crate::sse::Silence {
+        first_event: coalesce.first_event_timeout,
+        between_events: coalesce.stream_stall_timeout,
     }
 }

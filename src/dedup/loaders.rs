@@ -83,7 +83,7 @@ pub(super) fn stream_loader(
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
             publisher.publish(log.clone());
-            let silence = app.config.coalesce.stream_silence();
+            let silence = crate::state::stream_silence(&app.config.coalesce);
             // `request_timeout` bounds the whole flight, headers and every event:
             // past it, every reader gets an error event, the flight ends (its
             // Redis lock with it) and nothing is cached.

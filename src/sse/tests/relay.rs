@@ -378,7 +378,10 @@ fn thinking_body(
 async fn the_shipped_defaults_let_a_model_think_for_minutes_but_not_fall_silent() {
     let defaults = crate::config::Config::load(crate::config::EMBEDDED_DEFAULT, [])
         .expect("the shipped config");
-    let silence = defaults.coalesce.stream_silence();
+    let silence = crate::sse::Silence {
+        first_event: defaults.coalesce.first_event_timeout,
+        between_events: defaults.coalesce.stream_stall_timeout,
+    };
     let total = Some(defaults.upstreams[0].request_timeout);
     let relay = |thinking: Duration, gap: Duration| async move {
         let (_log, writer) = StreamLog::new(1 << 20);
