@@ -186,18 +186,7 @@ async fn an_absurd_retry_after_is_bounded_and_relayed_not_a_panic() {
     let mut limited = Scripted::json(429, error_body("rate_limit_exceeded"));
     limited.headers.push(("retry-after".into(), "1e20".into()));
     gateway.provider.push_script(limited);
-    let boundary = "corral-retry-after";
-    let upload = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}--\r\n"
-    );
-    let content_type = format!("multipart/form-data; boundary={boundary}");
-    let passed = gateway
-        .post_raw(
-            "/v1/audio/transcriptions",
-            upload,
-            &[("content-type", content_type.as_str())],
-        )
-        .await;
+    let passed = transcribe(&gateway).await;
     assert_eq!(passed.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(passed.json()["error"]["code"], "rate_limit_exceeded");
 }
@@ -264,18 +253,7 @@ async fn a_pass_through_post_is_not_retried_on_a_5xx() {
     gateway
         .provider
         .push_script(Scripted::json(500, error_body("server_error")));
-    let boundary = "corral-no-resend";
-    let upload = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}--\r\n"
-    );
-    let content_type = format!("multipart/form-data; boundary={boundary}");
-    let reply = gateway
-        .post_raw(
-            "/v1/audio/transcriptions",
-            upload,
-            &[("content-type", content_type.as_str())],
-        )
-        .await;
+    let reply = transcribe(&gateway).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "relayed");
     assert_eq!(gateway.provider.calls(), 1, "one call");
 }
@@ -310,4 +288,21 @@ async fn the_breaker_counts_calls_not_attempts() {
     let second = gateway.post(PATH, &chat("second failing call")).await;
     assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(circuit(), BreakerState::Open, "two calls, two failures");
+}
+
+/// A pass-through `POST /v1/audio/transcriptions` (a multipart form naming
+/// its model), the pass-through POST the mock answers and scripts.
+async fn transcribe(gateway: &TestGateway) -> Reply {
+    let boundary = "corral-pass-through";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    gateway
+        .post_raw(
+            "/v1/audio/transcriptions",
+            upload,
+            &[("content-type", content_type.as_str())],
+        )
+        .await
 }
