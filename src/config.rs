@@ -470,9 +470,11 @@ pub struct LimitsConfig {
     pub max_embedding_inputs: usize,
     /// Largest single embeddings input, in bytes of its canonical JSON (400 beyond).
     pub max_embedding_input_bytes: usize,
-    /// Per-tenant request rate, per instance (429 + Retry-After beyond).
-    pub per_tenant: Option<RateConfig>,
-    /// `/v1/*` requests served at once, waiters included (503 + Retry-After beyond).
+    /// Per-tenant request rate and requests at once, per instance (429 +
+    /// Retry-After beyond either).
+    pub per_tenant: Option<TenantLimitsConfig>,
+    /// `/v1/*` requests served at once, waiters included, each until its
+    /// response body ends (503 + Retry-After beyond).
     pub max_concurrent_requests: Option<usize>,
 }
 
@@ -499,6 +501,29 @@ impl Default for LimitsConfig {
 pub struct RateConfig {
     pub rps: u32,
     pub burst: u32,
+}
+
+/// What one caller key may take of an instance: a request rate (`rps` with
+/// `burst`, a token bucket) and requests at once (`max_concurrent`, each held
+/// until its response body ends, so a long stream keeps its place). Either
+/// half works alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsConfig {
+    pub rps: Option<u32>,
+    /// Defaults to `rps` (one second's worth at once).
+    pub burst: Option<u32>,
+    pub max_concurrent: Option<usize>,
+}
+
+impl TenantLimitsConfig {
+    /// The rate half, when `rps` is set.
+    pub fn rate(&self) -> Option<RateConfig> {
+        self.rps.map(|rps| RateConfig {
+            rps,
+            burst: self.burst.unwrap_or(rps),
+        })
+    }
 }
 
 /// Gateway keys and the tenant secret.
@@ -1061,7 +1086,27 @@ impl Config {
             Ok(())
         };
         if let Some(per_tenant) = &self.limits.per_tenant {
-            rate(per_tenant, "limits.per_tenant")?;
+            if per_tenant.rps.is_none() && per_tenant.burst.is_some() {
+                return Err(ConfigError::key(
+                    "limits.per_tenant",
+                    "burst needs rps (the rate it refills at)",
+                ));
+            }
+            if let Some(per_tenant_rate) = per_tenant.rate() {
+                rate(&per_tenant_rate, "limits.per_tenant")?;
+            }
+            if per_tenant.max_concurrent == Some(0) {
+                return Err(ConfigError::key(
+                    "limits.per_tenant.max_concurrent",
+                    "must be at least 1",
+                ));
+            }
+            if per_tenant.rps.is_none() && per_tenant.max_concurrent.is_none() {
+                return Err(ConfigError::key(
+                    "limits.per_tenant",
+                    "set rps (with burst), max_concurrent, or both",
+                ));
+            }
         }
         if self.limits.max_concurrent_requests == Some(0) {
             return Err(ConfigError::key(
@@ -1830,7 +1875,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            config.limits.per_tenant,
+            config.limits.per_tenant.and_then(|limits| limits.rate()),
             Some(RateConfig { rps: 5, burst: 10 })
         );
         assert_eq!(config.upstreams[0].max_concurrency, Some(8));
@@ -1898,12 +1943,38 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_rate_and_places_each_work_alone_and_burst_defaults_to_rps() {
+        let places = Config::load(
+            &format!("{BASE}limits:\n  per_tenant: {{max_concurrent: 4}}\n"),
+            [],
+        )
+        .unwrap()
+        .limits
+        .per_tenant
+        .unwrap();
+        assert_eq!((places.rate(), places.max_concurrent), (None, Some(4)));
+        let rate = Config::load(&format!("{BASE}limits:\n  per_tenant: {{rps: 5}}\n"), [])
+            .unwrap()
+            .limits
+            .per_tenant
+            .unwrap();
+        assert_eq!(rate.rate(), Some(RateConfig { rps: 5, burst: 5 }));
+        assert_eq!(rate.max_concurrent, None);
+    }
+
+    #[test]
     fn protection_errors_name_the_key() {
         let cases = [
             (
                 "limits:\n  per_tenant: {rps: 0, burst: 1}\n",
                 "limits.per_tenant",
             ),
+            (
+                "limits:\n  per_tenant: {max_concurrent: 0}\n",
+                "limits.per_tenant.max_concurrent",
+            ),
+            ("limits:\n  per_tenant: {burst: 5}\n", "burst needs rps"),
+            ("limits:\n  per_tenant: {}\n", "limits.per_tenant"),
             ("auth:\n  keys: [nothex]\n", "auth.keys[0]"),
             ("auth:\n  tenant_secret_env: MISSING\n", "MISSING"),
             ("shutdown:\n  drain_timeout: 0s\n", "shutdown.drain_timeout"),

@@ -15,6 +15,7 @@ pub mod dedup;
 pub mod embeddings;
 pub mod error;
 pub mod fingerprint;
+pub mod held_body;
 pub mod ledger;
 pub mod limits;
 pub mod memo;

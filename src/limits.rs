@@ -1,6 +1,13 @@
 //! Admission control in front of everything else: the per-tenant request rate
-//! (governor, keyed by the tenant scope), a global cap on requests being
-//! served at once, and the rate type the per-upstream caps reuse.
+//! (governor, keyed by the tenant scope), caps on requests being served at
+//! once (all of them, and each tenant's), and the rate type the per-upstream
+//! caps reuse.
+//!
+//! A place among the requests served at once is [`Places`]: the pipeline
+//! keeps it until the response *body* ends (`held_body`), because a stream, a
+//! replay or a pass-through download is being served long after its handler
+//! returned a head, and a cap that let those go would count nothing that
+//! lasts.
 //!
 //! Limits are **per instance**. With N instances behind a balancer a tenant can
 //! get up to N x `limits.per_tenant.rps` (and N x `burst` at once) across the
@@ -12,9 +19,10 @@
 //! when tokens refill and a wall-clock step never does.
 
 use std::{
+    collections::HashMap,
     num::NonZeroU32,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -30,7 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     clock::Clock,
-    config::{Config, RateConfig},
+    config::{Config, RateConfig, TenantLimitsConfig},
     error::GatewayError,
     fingerprint::TenantScope,
 };
@@ -101,6 +109,8 @@ impl Rate {
 #[derive(Debug)]
 pub struct Limits {
     per_tenant: Option<TenantRates>,
+    /// Each tenant's requests being served at once.
+    per_tenant_places: Option<Arc<TenantPlaces>>,
     /// Requests being served at once (each one waiting on a flight counts).
     in_progress: Option<Arc<Semaphore>>,
 }
@@ -113,18 +123,90 @@ struct TenantRates {
     checks: AtomicU64,
 }
 
+/// How many requests each tenant has being served. Only tenants with one
+/// under way have an entry (the last place given back removes it), so the map
+/// is bounded by the requests in progress, not by every tenant ever seen.
+#[derive(Debug)]
+struct TenantPlaces {
+    max: usize,
+    taken: Mutex<HashMap<TenantScope, usize>>,
+}
+
+impl TenantPlaces {
+    fn take(self: &Arc<Self>, tenant: &TenantScope) -> Option<TenantPlace> {
+        let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = taken.entry(tenant.clone()).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(TenantPlace {
+            places: self.clone(),
+            tenant: tenant.clone(),
+        })
+    }
+}
+
+/// One of a tenant's places; given back when dropped.
+#[derive(Debug)]
+struct TenantPlace {
+    places: Arc<TenantPlaces>,
+    tenant: TenantScope,
+}
+
+impl Drop for TenantPlace {
+    fn drop(&mut self) {
+        let mut taken = self
+            .places
+            .taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = taken.get_mut(&self.tenant) {
+            *count -= 1;
+            if *count == 0 {
+                taken.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// The places one request holds among those served at once: the instance's
+/// and its tenant's (each only where a cap is set). Dropping it gives them
+/// back; the pipeline keeps it until the response body ends.
+#[derive(Debug, Default)]
+#[must_use = "the places are given back when this is dropped"]
+pub struct Places {
+    instance: Option<OwnedSemaphorePermit>,
+    tenant: Option<TenantPlace>,
+}
+
+impl Places {
+    /// No cap applies: nothing to keep alive.
+    pub fn is_empty(&self) -> bool {
+        self.instance.is_none() && self.tenant.is_none()
+    }
+}
+
 impl Limits {
     pub fn new(config: &Config, clock: Arc<dyn Clock>) -> Self {
-        let per_tenant = config.limits.per_tenant.as_ref().map(|rate| {
+        let tenant = config.limits.per_tenant.unwrap_or_default();
+        let per_tenant = tenant.rate().map(|rate| {
             let clock = AppClock::new(clock);
             TenantRates {
-                limiter: RateLimiter::dashmap_with_clock(quota(rate), clock.clone()),
+                limiter: RateLimiter::dashmap_with_clock(quota(&rate), clock.clone()),
                 clock,
                 checks: AtomicU64::new(0),
             }
         });
+        let TenantLimitsConfig { max_concurrent, .. } = tenant;
         Self {
             per_tenant,
+            per_tenant_places: max_concurrent.map(|max| {
+                Arc::new(TenantPlaces {
+                    max,
+                    taken: Mutex::new(HashMap::new()),
+                })
+            }),
             in_progress: config
                 .limits
                 .max_concurrent_requests
@@ -154,21 +236,44 @@ impl Limits {
         })
     }
 
-    /// A place among the requests served at once, held until the handler
-    /// returns; 503 + `Retry-After` when every place is taken.
-    pub fn admit(&self) -> Result<Option<OwnedSemaphorePermit>, GatewayError> {
-        match &self.in_progress {
-            None => Ok(None),
-            Some(places) => {
-                places
-                    .clone()
-                    .try_acquire_owned()
-                    .map(Some)
-                    .map_err(|_| GatewayError::Overloaded {
+    /// A place among the requests served at once; 503 + `Retry-After` when
+    /// every place is taken. Checked before the caller is even authenticated:
+    /// a full instance refuses cheaply.
+    pub fn admit(&self) -> Result<Places, GatewayError> {
+        let instance =
+            match &self.in_progress {
+                None => None,
+                Some(places) => Some(places.clone().try_acquire_owned().map_err(|_| {
+                    GatewayError::Overloaded {
                         retry_after: Duration::from_secs(1),
-                    })
-            }
+                    }
+                })?),
+            };
+        Ok(Places {
+            instance,
+            tenant: None,
+        })
+    }
+
+    /// A place among `tenant`'s requests served at once, then one of its
+    /// requests per second: 429 + `Retry-After` when either is spent. The
+    /// place is taken first, so a request refused for it spends no rate.
+    pub fn admit_tenant(
+        &self,
+        tenant: &TenantScope,
+        places: &mut Places,
+    ) -> Result<(), GatewayError> {
+        if let Some(tenant_places) = &self.per_tenant_places {
+            places.tenant = Some(
+                tenant_places
+                    .take(tenant)
+                    .ok_or(GatewayError::RateLimited {
+                        retry_after: Duration::from_secs(1),
+                        reason: "this API key's requests at once",
+                    })?,
+            );
         }
+        self.check_tenant(tenant)
     }
 }
 
@@ -179,7 +284,11 @@ mod tests {
 
     fn config(rps: u32, burst: u32) -> Config {
         let mut config = Config::for_tests("http://127.0.0.1:1/v1");
-        config.limits.per_tenant = Some(RateConfig { rps, burst });
+        config.limits.per_tenant = Some(TenantLimitsConfig {
+            rps: Some(rps),
+            burst: Some(burst),
+            max_concurrent: None,
+        });
         config
     }
 
@@ -216,7 +325,49 @@ mod tests {
             Err(GatewayError::Overloaded { .. })
         ));
         drop(first);
-        assert!(limits.admit().unwrap().is_some());
+        assert!(!limits.admit().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_tenant_at_its_places_is_refused_others_are_served_and_the_map_empties() {
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.limits.per_tenant = Some(TenantLimitsConfig {
+            max_concurrent: Some(2),
+            ..TenantLimitsConfig::default()
+        });
+        let limits = Limits::new(&config, Arc::new(ManualClock::new(0)));
+        let a = TenantScope::of_credential(None, Some(b"sk-a"));
+        let b = TenantScope::of_credential(None, Some(b"sk-b"));
+        let admit = |tenant: &TenantScope| {
+            let mut places = limits.admit()?;
+            limits.admit_tenant(tenant, &mut places)?;
+            Ok::<_, GatewayError>(places)
+        };
+        let first = admit(&a).unwrap();
+        let second = admit(&a).unwrap();
+        match admit(&a) {
+            Err(GatewayError::RateLimited {
+                retry_after,
+                reason,
+            }) => {
+                assert_eq!(retry_after, Duration::from_secs(1));
+                assert!(reason.contains("at once"), "{reason}");
+            }
+            other => panic!("expected 429, got {other:?}"),
+        }
+        let other = admit(&b).expect("another tenant has its own places");
+        drop(first);
+        let third = admit(&a).expect("a place given back is taken again");
+        let places = limits.per_tenant_places.as_ref().unwrap();
+        drop((second, third, other));
+        assert!(
+            places.taken.lock().unwrap().is_empty(),
+            "no tenant without a request keeps an entry"
+        );
+        // No rate was set: the places alone limit.
+        for _ in 0..100 {
+            drop(admit(&b).unwrap());
+        }
     }
 
     #[test]

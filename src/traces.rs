@@ -30,18 +30,13 @@
 //! dropped, never waited for, when it is full; `shutdown` exports what is
 //! queued when the gateway stops.
 
-use std::{
-    pin::Pin,
-    sync::{
-        Arc,
-        atomic::{AtomicU8, Ordering},
-    },
-    task::{Context as TaskContext, Poll},
+use std::sync::{
+    Arc,
+    atomic::{AtomicU8, Ordering},
 };
 
-use axum::{body::Body, response::Response};
+use axum::response::Response;
 use http::{HeaderMap, Method, StatusCode};
-use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use opentelemetry::{
     Context, KeyValue,
     propagation::TextMapPropagator,
@@ -500,45 +495,16 @@ pub fn finish_request(
             span.set_attribute(KeyValue::new("error.type", status.as_str().to_owned()));
         }
     }
-    let (parts, body) = response.into_parts();
-    let body = Body::new(EndsSpan {
-        inner: body,
-        span: cx.clone(),
-    });
-    Response::from_parts(parts, body)
+    crate::held_body::hold_until_body_ends(response, EndsSpan(cx))
 }
 
-/// A response body that ends its request's span when it is dropped (sent to
-/// the end, or abandoned with the connection). Its size hint is the inner
-/// body's, so a buffered answer keeps its `Content-Length`.
-struct EndsSpan {
-    inner: Body,
-    span: Context,
-}
+/// Ends its request's span when dropped: with the response body, sent to the
+/// end or abandoned with the connection.
+struct EndsSpan(Context);
 
 impl Drop for EndsSpan {
     fn drop(&mut self) {
-        self.span.span().end();
-    }
-}
-
-impl HttpBody for EndsSpan {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<bytes::Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.0.span().end();
     }
 }
 

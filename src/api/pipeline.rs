@@ -31,7 +31,6 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use opentelemetry::context::FutureExt as _;
-use tokio::sync::OwnedSemaphorePermit;
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::Instrument;
 
@@ -40,6 +39,8 @@ use crate::{
     dedup::{CACHE_HEADER_NAME, Caller, FINGERPRINT_HEADER_NAME, REQUEST_ID_HEADER_NAME},
     error::{ErrorShape, GatewayError},
     fingerprint::Endpoint,
+    held_body::hold_until_body_ends,
+    limits::Places,
     state::AppState,
     telemetry::{self, AccessLine},
     tenant::TenantScope,
@@ -172,8 +173,13 @@ where
                                     .unwrap_or_else(|never| match never {})
                             }
                         };
-                        drop(admitted.permit);
-                        response
+                        // The places last as long as the body: a stream is
+                        // being served long after its head left.
+                        if admitted.places.is_empty() {
+                            response
+                        } else {
+                            hold_until_body_ends(response, admitted.places)
+                        }
                     }
                     Err(error) => error.to_response_as(shape),
                 }
@@ -308,25 +314,25 @@ fn endpoint_of(path: &str) -> Option<Endpoint> {
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
 }
 
-/// A request past admission: its head, its whole body, its place among the
+/// A request past admission: its head, its whole body, its places among the
 /// requests served at once, and its caller's tenant.
 struct Admitted {
     parts: Parts,
     body: Bytes,
-    permit: Option<OwnedSemaphorePermit>,
+    places: Places,
     tenant: TenantScope,
 }
 
-/// For `/v1/*`: the global cap, the gateway key, the tenant's rate, then the
-/// body (bounded in size and time), all before any parsing.
+/// For `/v1/*`: the instance's cap, the gateway key, the tenant's cap and
+/// rate, then the body (bounded in size and time), all before any parsing.
 async fn admit<B>(app: &AppState, request: http::Request<B>) -> Result<Admitted, GatewayError>
 where
     B: axum::body::HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
-    let permit = app.limits.admit()?;
+    let mut places = app.limits.admit()?;
     let tenant = app.auth.authenticate(request.headers())?;
-    app.limits.check_tenant(&tenant)?;
+    app.limits.admit_tenant(&tenant, &mut places)?;
     let (parts, body) = request.into_parts();
     let limit = app.config.limits.max_body_bytes;
     // A body announced larger than the limit is refused before a byte of it
@@ -342,7 +348,7 @@ where
     Ok(Admitted {
         parts,
         body,
-        permit,
+        places,
         tenant,
     })
 }

@@ -30,6 +30,7 @@ mod module_graph;
 mod operate;
 mod own_controls;
 mod owners_bytes;
+mod places;
 mod pricing;
 mod protection;
 mod provider_rules;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use corral::{
     auth::key_hash,
-    config::{RateConfig, Secret},
+    config::{RateConfig, Secret, TenantLimitsConfig},
     upstream::breaker::BreakerState,
 };
 use mock_upstream::{FailureMode, MockProvider, Scripted};
@@ -39,7 +39,11 @@ fn retry_after(reply: &Reply) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_at_5_rps_with_burst_5_gets_5_of_50_and_another_tenant_is_unaffected() {
     let gateway = TestGateway::start(|config| {
-        config.limits.per_tenant = Some(RateConfig { rps: 5, burst: 5 })
+        config.limits.per_tenant = Some(TenantLimitsConfig {
+            rps: Some(5),
+            burst: Some(5),
+            max_concurrent: None,
+        })
     })
     .await;
     let tasks: Vec<_> = (0..50)
