@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 
 use corral::breaker::BreakerState;
 
-use crate::harness::{Reply, TestGateway, chat};
+use crate::harness::{Reply, TestGateway, WAIT, chat};
 
 const PATH: &str = "/v1/chat/completions";
 
@@ -305,4 +305,104 @@ async fn transcribe(gateway: &TestGateway) -> Reply {
             &[("content-type", content_type.as_str())],
         )
         .await
+}
+
+/// Sends each `retrying upstream` event's fields, as text, to a channel.
+struct RetryEvents(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RetryEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={value:?} ", field.name()));
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        if fields.0.contains("retrying upstream") {
+            let _ = self.0.send(fields.0);
+        }
+    }
+}
+
+/// The provider's port refuses the first connection (a socket bound there
+/// but not listening yet), then listens: `GET /v1/models` is answered, and
+/// only the retry reached the provider. One thread runs the gateway and the
+/// test, so the gateway's retry event (seen through a thread-local
+/// subscriber) is what tells the test to start listening.
+#[tokio::test(flavor = "current_thread")]
+async fn a_model_list_is_retried_after_a_connect_error() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    let port = tokio::net::TcpSocket::new_v4().unwrap();
+    port.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = port.local_addr().unwrap();
+    let provider = mock_upstream::MockProvider::start(Default::default())
+        .await
+        .unwrap();
+    let provider_address = provider.addr();
+    let gateway = TestGateway::start_with(provider, |config| {
+        config.upstreams[0].base_url = format!("http://{address}/v1");
+        config.retry.max_attempts = 5;
+        config.retry.base_delay = Duration::from_millis(200);
+        config.retry.max_delay = Duration::from_millis(400);
+    })
+    .await;
+    let (events, mut retried) = tokio::sync::mpsc::unbounded_channel();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(RetryEvents(events)));
+
+    let (client, url) = (gateway.client.clone(), format!("{}/v1/models", gateway.url));
+    let listing = tokio::spawn(async move {
+        let response = client
+            .get(url)
+            .send()
+            .await
+            .expect("request reaches corral");
+        let status = response.status();
+        (status, response.bytes().await.expect("body arrives"))
+    });
+    let event = tokio::time::timeout(WAIT, retried.recv())
+        .await
+        .expect("the gateway retries within the wait")
+        .expect("the subscriber is alive");
+    assert!(event.contains("Connection refused"), "{event}");
+
+    // Listen now; every connection is relayed to the mock provider.
+    let listener = port.listen(16).unwrap();
+    let relay = tokio::spawn(async move {
+        let mut relayed = 0usize;
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            relayed += 1;
+            let mut outbound = tokio::net::TcpStream::connect(provider_address)
+                .await
+                .unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+            if relayed == 1 {
+                return relayed;
+            }
+        }
+        relayed
+    });
+    let (status, body) = tokio::time::timeout(WAIT, listing)
+        .await
+        .expect("answered within the wait")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body:?}");
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let ids: Vec<String> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| model["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(ids.contains(&"gpt-4o-mini".to_owned()), "{ids:?}");
+    assert_eq!(
+        relay.await.unwrap(),
+        1,
+        "the refused attempt never connected"
+    );
 }
