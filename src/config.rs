@@ -4,6 +4,7 @@
 //! The environment is passed in as a list of pairs rather than read from the
 //! process, so tests never touch (or race on) the process environment.
 
+pub use crate::budget::{BudgetRule, Period};
 pub use crate::passthrough::PassthroughConfig;
 pub use crate::pricing::ModelPrice;
 use std::{collections::BTreeMap, fmt, net::SocketAddr, time::Duration};
@@ -103,6 +104,10 @@ pub struct Config {
     /// Traces (OpenTelemetry over OTLP/HTTP); off unless an endpoint is set.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// Caps on what the provider bills, per tenant or per upstream, per window
+    /// (`budget.rs`); cache hits and shared answers spend nothing.
+    #[serde(default)]
+    pub budgets: Vec<BudgetRule>,
     /// `CORRAL_*` variables that name no setting (Kubernetes' service links,
     /// say): ignored, each logged once as a warning by the binary.
     #[serde(skip)]
@@ -514,6 +519,9 @@ pub struct TenantLimitsConfig {
     /// Defaults to `rps` (one second's worth at once).
     pub burst: Option<u32>,
     pub max_concurrent: Option<usize>,
+    /// Tokens the provider billed for the tenant's calls per UTC minute
+    /// (cached input included); cache hits and shared answers count nothing.
+    pub tokens_per_minute: Option<u64>,
 }
 
 impl TenantLimitsConfig {
@@ -1101,10 +1109,45 @@ impl Config {
                     "must be at least 1",
                 ));
             }
-            if per_tenant.rps.is_none() && per_tenant.max_concurrent.is_none() {
+            if per_tenant.tokens_per_minute == Some(0) {
+                return Err(ConfigError::key(
+                    "limits.per_tenant.tokens_per_minute",
+                    "must be at least 1",
+                ));
+            }
+            if per_tenant.rps.is_none()
+                && per_tenant.max_concurrent.is_none()
+                && per_tenant.tokens_per_minute.is_none()
+            {
                 return Err(ConfigError::key(
                     "limits.per_tenant",
-                    "set rps (with burst), max_concurrent, or both",
+                    "set rps (with burst), max_concurrent, tokens_per_minute, or any of them together",
+                ));
+            }
+        }
+        for (i, rule) in self.budgets.iter().enumerate() {
+            let key = format!("budgets[{i}]");
+            match (&rule.tenant, &rule.upstream) {
+                (Some(tenant), None) if !tenant.is_empty() => {}
+                (None, Some(upstream)) => {
+                    if !self.upstreams.iter().any(|known| &known.name == upstream) {
+                        return Err(ConfigError::key(
+                            format!("{key}.upstream"),
+                            format!("no upstream is named `{upstream}`"),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(ConfigError::key(
+                        key,
+                        "set exactly one of tenant (a key label, a short scope or \"*\") and upstream",
+                    ));
+                }
+            }
+            if rule.limit_nanos().is_none() {
+                return Err(ConfigError::key(
+                    format!("{key}.usd"),
+                    "must be a sum of USD >= 0",
                 ));
             }
         }
@@ -1483,7 +1526,7 @@ fn apply_env_overrides(
 /// any key (`pricing.models` is keyed by model name).
 fn settings_schema() -> Value {
     let mut sample: Config = serde_yaml_ng::from_str(
-        "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X, admin_keys: [x], admin_keys_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\n",
+        "listen: 127.0.0.1:0\nupstreams: [{name: x, base_url: 'http://x/v1', api_key_env: X, rate: {rps: 1, burst: 1}, max_concurrency: 1}]\npricing: {as_of: x, models: {'*': {input: 1, cached_input: 1}}}\nauth: {keys: [x], keys_env: X, tenant_secret_env: X, admin_keys: [x], admin_keys_env: X}\nlimits: {per_tenant: {rps: 1, burst: 1, max_concurrent: 1, tokens_per_minute: 1}, max_concurrent_requests: 1}\npassthrough: {allow: [x], deny: [x]}\nbudgets: [{tenant: x, upstream: x, usd: 1, per: day}]\n",
     )
     .expect("the settings sample parses");
     sample.redis = Some(RedisConfig {

@@ -111,6 +111,16 @@ pub enum GatewayError {
         retry_after: Duration,
         reason: &'static str,
     },
+    /// A spend budget (`budgets`) or token rate (`limits.per_tenant.tokens_per_minute`)
+    /// used up: only a new upstream call is refused, never a stored or shared answer.
+    #[error("{what} is used up until its window ends; retry in {}s", .retry_after.as_secs().max(1))]
+    BudgetExceeded {
+        retry_after: Duration,
+        /// Names the budget, e.g. `the budget of tenant team-a ($0.01 per day)`.
+        what: String,
+        /// `budget_exceeded` or `token_rate_exceeded`.
+        code: &'static str,
+    },
     #[error("upstream {upstream} is failing and its circuit is open; retry in {}s", .retry_after.as_secs().max(1))]
     CircuitOpen {
         upstream: String,
@@ -275,6 +285,12 @@ impl GatewayError {
                 Some("rate_limit_exceeded"),
                 "rate_limit_error",
             ),
+            Self::BudgetExceeded { code, .. } => map(
+                S::TOO_MANY_REQUESTS,
+                "requests",
+                Some(*code),
+                "rate_limit_error",
+            ),
             Self::CircuitOpen { .. } => map(
                 S::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -348,6 +364,7 @@ impl GatewayError {
         match self {
             Self::TooManyWaiters { retry_after }
             | Self::RateLimited { retry_after, .. }
+            | Self::BudgetExceeded { retry_after, .. }
             | Self::CircuitOpen { retry_after, .. }
             | Self::Overloaded { retry_after } => Some(*retry_after),
             Self::ShuttingDown | Self::PurgeNotRecorded => Some(Duration::from_secs(1)),
@@ -400,6 +417,16 @@ impl GatewayError {
         }
     }
 
+    /// Whether this error is about the caller whose call it was (its budget
+    /// or token rate), not about the request: it answers no other caller.
+    pub fn is_callers_own(&self) -> bool {
+        match self {
+            Self::Shaped { error, .. } => error.is_callers_own(),
+            Self::BudgetExceeded { .. } => true,
+            _ => false,
+        }
+    }
+
     /// The provider's own `Retry-After` of a relayed error, in (possibly
     /// fractional) seconds, at most `cap`. An HTTP date or junk is `None`.
     pub fn provider_retry_after(&self, cap: Duration) -> Option<Duration> {
@@ -428,6 +455,7 @@ impl GatewayError {
             self,
             Self::CircuitOpen { .. }
                 | Self::RateLimited { .. }
+                | Self::BudgetExceeded { .. }
                 | Self::TooManyWaiters { .. }
                 | Self::Overloaded { .. }
                 | Self::ShuttingDown
@@ -493,7 +521,13 @@ impl GatewayError {
                         HeaderValue::from(retry_after.as_secs().max(1)),
                     );
                 }
-                if self.ends_upstream_retries() {
+                // The SDKs honour a `Retry-After` of up to 60 s; a budget
+                // whose window ends later is not worth their retries.
+                let budget_for_long = matches!(
+                    self,
+                    Self::BudgetExceeded { retry_after, .. } if *retry_after > Duration::from_secs(60)
+                );
+                if self.ends_upstream_retries() || budget_for_long {
                     headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
                 }
                 if let Self::Unauthorized | Self::AdminKeyRequired = self {

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod auth;
 pub mod breaker;
+pub mod budget;
 pub mod cache;
 pub mod cache_status;
 pub mod clock;

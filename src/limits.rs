@@ -287,7 +287,7 @@ mod tests {
         config.limits.per_tenant = Some(TenantLimitsConfig {
             rps: Some(rps),
             burst: Some(burst),
-            max_concurrent: None,
+            ..TenantLimitsConfig::default()
         });
         config
     }

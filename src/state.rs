@@ -10,10 +10,11 @@ use tokio_util::{
 
 use crate::{
     auth::Auth,
+    budget::{self, BudgetStore, Budgets},
     cache::{CacheStore, MemoryStore, TtlPolicy},
     clock::{Clock, SystemClock},
     cluster::TieredStore,
-    cluster::{Cluster, RedisLedger, RedisPurges},
+    cluster::{Cluster, RedisBudgets, RedisLedger, RedisPurges},
     coalesce::{Coalescer, FailureMemory, FlightContext},
     config::Config,
     ledger::{self, LedgerStore},
@@ -61,6 +62,8 @@ pub struct AppState {
     pub passthrough: Policy,
     /// Per-tenant rate and the global cap on requests served at once.
     pub limits: Limits,
+    /// Spend budgets and the per-tenant token rate, checked before a new upstream call.
+    pub budgets: Arc<Budgets>,
     /// Cancelled when the shutdown drain times out: running upstream calls end.
     pub cut_upstream: CancellationToken,
     /// The cluster ledger `/stats` reads, when Redis is configured.
@@ -91,6 +94,27 @@ impl AppState {
         match &self.ledger {
             Some(store) => self.metrics.books().flush(&**store, unix_ms()).await,
             None => Ok(()),
+        }
+    }
+
+    /// Whether a new upstream call may start for `bill`'s tenant and upstream:
+    /// 429 when a budget or the token rate is used up. Asked only where a call
+    /// would start, never of an answer the cache or a flight already has.
+    pub async fn may_call_upstream(
+        &self,
+        bill: &crate::metrics::Attribution,
+    ) -> Result<(), crate::error::GatewayError> {
+        self.budgets.admit(&bill.tenant, &bill.upstream).await
+    }
+
+    /// What one upstream call billed (`usage`; `None`: unknown), counted in
+    /// the metrics and against the budgets, once per call.
+    pub fn billed(&self, bill: &crate::metrics::Attribution, usage: Option<crate::usage::Usage>) {
+        self.metrics.upstream_usage(bill, usage);
+        if let Some(usage) = &usage {
+            let picos = bill.model.cost(usage).map(|cost| cost.0);
+            self.budgets
+                .spend(&bill.tenant, &bill.upstream, picos, usage.total());
         }
     }
 
@@ -136,6 +160,26 @@ impl AppState {
             ));
             store
         });
+        let budgets = Arc::new(Budgets::new(
+            config.budgets.clone(),
+            config
+                .limits
+                .per_tenant
+                .and_then(|limits| limits.tokens_per_minute),
+            config.ledger.max_tenants,
+            clock.clone(),
+            cluster.as_ref().map(|cluster| {
+                let store: Arc<dyn BudgetStore> = Arc::new(RedisBudgets::new(cluster.clone()));
+                store
+            }),
+        ));
+        if cluster.is_some() && budgets.is_active() {
+            tokio::spawn(budget::run_flusher(
+                budgets.clone(),
+                config.ledger.flush_interval,
+                background.clone(),
+            ));
+        }
         let purges = Arc::new(Purges::new(
             &config,
             cluster.as_ref().map(|cluster| {
@@ -198,6 +242,7 @@ impl AppState {
             passthrough: Policy::new(&config.passthrough)
                 .map_err(|(key, message)| anyhow::anyhow!("config key `{key}`: {message}"))?,
             limits: Limits::new(&config, clock.clone()),
+            budgets,
             cut_upstream,
             metrics,
             cache,

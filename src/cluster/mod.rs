@@ -8,6 +8,7 @@
 //! never a dependency of an answer.
 
 mod announce;
+mod budget;
 mod connection;
 mod ledger;
 mod mirror;
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use announce::{AnnounceCounts, Interest};
 use announce::{Dispatch, Target, Wake, run_subscriber};
+pub use budget::{RedisBudgets, budget_key_prefix};
 use connection::LazyConn;
 pub use ledger::{RedisLedger, ledger_key};
 pub use purge::{RedisPurges, purge_key};

@@ -368,6 +368,12 @@ impl Coalescer {
                         age,
                     }));
                 }
+                Waited::Done(Err(error)) if !owner && error.is_callers_own() => {
+                    // The owner's budget refused its call, not this caller's:
+                    // its own budget decides (under a cache every tenant
+                    // shares, the owner may be another tenant).
+                    policy.coalesce = false;
+                }
                 Waited::Done(Err(error))
                     if !owner
                         && error.refuses_the_bytes_sent()

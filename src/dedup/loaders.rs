@@ -76,6 +76,7 @@ pub(super) fn stream_loader(
         let load = async move {
             let started = std::time::Instant::now();
             let upstream = app.upstream.name(outbound.upstream).to_owned();
+            app.may_call_upstream(&bill).await?;
             let response = app
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
@@ -112,13 +113,13 @@ pub(super) fn stream_loader(
                         "the gateway is shutting down; the stream was cut",
                     ));
                 } => {
-                    app.metrics.upstream_usage(&bill, None);
+                    app.billed(&bill, None);
                     return Err(GatewayError::ShuttingDown);
                 }
                 // Every reader left and nobody waits for the complete answer: stop the spend.
                 () = abandon => {
                     // Paid for, up to where it stopped; how much is unknown.
-                    app.metrics.upstream_usage(&bill, None);
+                    app.billed(&bill, None);
                     // Local to this instance: recorded for no one elsewhere.
                     return Err(GatewayError::StreamAbandoned);
                 }
@@ -129,7 +130,7 @@ pub(super) fn stream_loader(
                 .stream_format()
                 .stream_usage(&summary.events)
                 .or(summary.usage);
-            app.metrics.upstream_usage(&bill, usage);
+            app.billed(&bill, usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -223,6 +224,9 @@ pub(super) async fn call_upstream(
     bill: &Attribution,
     retained_under: Option<CacheKey>,
 ) -> Result<Loaded, GatewayError> {
+    app.may_call_upstream(bill)
+        .await
+        .map_err(|error| error.in_shape(wire.error_shape()))?;
     let buffered = app
         .upstream
         .call_buffered(outbound, &bill.model)
@@ -230,7 +234,7 @@ pub(super) async fn call_upstream(
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
     let response = shared_response(buffered.status, &buffered.headers, buffered.body);
-    app.metrics.upstream_usage(bill, response.usage);
+    app.billed(bill, response.usage);
     Ok(Loaded {
         response,
         cacheable,

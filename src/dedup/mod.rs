@@ -44,8 +44,8 @@ pub use respond::{
     REQUEST_ID_HEADER, REQUEST_ID_HEADER_NAME,
 };
 use respond::{
-    age_value, header_value, own_echo, response_from, set_status_headers, shared_response,
-    write_status_headers,
+    age_value, budget_left, header_value, own_echo, response_from, set_status_headers,
+    shared_response, write_status_headers,
 };
 
 /// Who sent the request, as the pipeline admitted it.
@@ -220,9 +220,10 @@ async fn serve_parsed(
             if request.stream {
                 stream_through(&app, &outbound, &bill, request.wire.stream_format()).await
             } else {
+                app.may_call_upstream(&bill).await?;
                 let buffered = app.upstream.call_buffered(&outbound, &bill.model).await?;
                 let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
-                app.metrics.upstream_usage(&bill, shared.usage);
+                app.billed(&bill, shared.usage);
                 if app.traces.is_some() {
                     crate::traces::record_answer(shared.usage, &shared.body);
                 }
@@ -237,6 +238,7 @@ async fn serve_parsed(
             false,
             None,
         );
+        budget_left(response.headers_mut(), &app, &bill, CacheStatus::Bypass);
         return Ok(response);
     }
     if endpoint == Endpoint::Embeddings {
@@ -395,6 +397,7 @@ fn complete_response(
                 response.headers_mut().insert(header::AGE, age_value(age));
             }
             own_echo(&mut response, echo, &shared);
+            budget_left(response.headers_mut(), app, bill, status);
             response
         }
         Err(error) => {
@@ -508,6 +511,8 @@ async fn serve_stream(
     tracing::debug!(cache = status.as_str(), fingerprint = %request.fingerprint.short_hex(), "served");
     // Each caller reads its own label fields in the lifecycle events.
     let echo = request.echo.clone();
+    let mut budget_headers = HeaderMap::new();
+    budget_left(&mut budget_headers, &app, &bill, status);
     let events = sse::with_keepalive(reader.into_stream(), app.config.coalesce.keepalive_interval)
         .map(move |event| {
             event.map(|event| match &echo {
@@ -524,6 +529,7 @@ async fn serve_stream(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_status_headers(headers, &request, status, stored, age);
+    headers.extend(budget_headers);
     Ok(response)
 }
 
@@ -578,11 +584,12 @@ async fn stream_through(
     format: Format,
 ) -> Result<Response, GatewayError> {
     let started = tokio::time::Instant::now();
+    app.may_call_upstream(bill).await?;
     let upstream = app
         .upstream
         .call_streaming_billed(outbound, &bill.model)
         .await?;
-    app.metrics.upstream_usage(bill, None);
+    app.billed(bill, None);
     let status = upstream.status();
     let content_type = upstream
         .headers()

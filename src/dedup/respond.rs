@@ -14,7 +14,9 @@ use bytes::Bytes;
 use crate::{
     cache::{StoredResponse, Usage},
     coalesce::CacheStatus,
+    metrics::Attribution,
     request::DedupRequest,
+    state::AppState,
     wire::Echo,
 };
 
@@ -83,6 +85,29 @@ pub(super) fn own_echo(response: &mut Response, echo: Option<&Echo>, shared: &St
 }
 
 /// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
+/// What is left of the budgets covering the caller (`budgets`), in USD, on
+/// an answer it was billed for.
+pub const BUDGET_HEADER: &str = "x-corral-budget-remaining-usd";
+
+/// Tells a caller billed for its answer (MISS, BYPASS) what is left of the
+/// budgets covering it: the least of them, never below 0. A stream's head
+/// leaves before its cost is known, so it says what was left when it began.
+pub(super) fn budget_left(
+    headers: &mut HeaderMap,
+    app: &AppState,
+    bill: &Attribution,
+    status: CacheStatus,
+) {
+    if !matches!(status, CacheStatus::Miss | CacheStatus::Bypass) {
+        return;
+    }
+    if let Some(left) = app.budgets.remaining_usd(&bill.tenant, &bill.upstream)
+        && let Ok(value) = HeaderValue::from_str(&format!("{left:.9}"))
+    {
+        headers.insert(HeaderName::from_static(BUDGET_HEADER), value);
+    }
+}
+
 pub(super) fn set_status_headers(
     headers: &mut HeaderMap,
     request: &DedupRequest,

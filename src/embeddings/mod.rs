@@ -137,6 +137,7 @@ fn batch_loader(
         Box::pin(async move {
             let mut call = (*outbound).clone();
             call.body = itemized.upstream_body(&items);
+            app.may_call_upstream(&bill).await?;
             let buffered = app.upstream.call_buffered(&call, &bill.model).await?;
             let answer = wire::split_answer(&buffered.body, items.len());
             let usage = match &answer {
@@ -144,7 +145,7 @@ fn batch_loader(
                 Err(_) => Usage::from_body(&buffered.body),
             };
             // Paid for, whether or not the answer is usable.
-            app.metrics.upstream_usage(&bill, usage);
+            app.billed(&bill, usage);
             let split = answer.map_err(|reason| GatewayError::UpstreamInvalid {
                 upstream: app.upstream.name(call.upstream).to_owned(),
                 reason,

@@ -12,6 +12,7 @@ mod announce;
 mod anthropic;
 mod anthropic_sdk;
 mod bad_input;
+mod budgets;
 mod cluster;
 mod cost;
 mod dashboard;

@@ -42,7 +42,7 @@ async fn a_tenant_at_5_rps_with_burst_5_gets_5_of_50_and_another_tenant_is_unaff
         config.limits.per_tenant = Some(TenantLimitsConfig {
             rps: Some(5),
             burst: Some(5),
-            max_concurrent: None,
+            ..TenantLimitsConfig::default()
         })
     })
     .await;
