@@ -2006,6 +2006,50 @@ mod tests {
     }
 
     #[test]
+    fn budgets_load_from_yaml_and_the_environment_and_name_what_is_wrong() {
+        let yaml = format!(
+            "{BASE}budgets:\n  - {{tenant: '*', usd: 10, per: day}}\n  - {{upstream: a, usd: 1000, per: month}}\n"
+        );
+        let config = Config::load(
+            &yaml,
+            [
+                ("CORRAL_BUDGETS__0__USD", "2.5"),
+                ("CORRAL_LIMITS__PER_TENANT__TOKENS_PER_MINUTE", "2000000"),
+            ],
+        )
+        .unwrap();
+        assert!(config.ignored_env.is_empty(), "{:?}", config.ignored_env);
+        assert_eq!(config.budgets[0].usd, 2.5);
+        assert_eq!(config.budgets[0].per, Period::Day);
+        assert_eq!(config.budgets[1].upstream.as_deref(), Some("a"));
+        assert_eq!(
+            config.limits.per_tenant.unwrap().tokens_per_minute,
+            Some(2_000_000)
+        );
+        let whole = Config::load(
+            BASE,
+            [("CORRAL_BUDGETS", "[{tenant: team-a, usd: 50, per: 30s}]")],
+        )
+        .unwrap();
+        assert_eq!(whole.budgets[0].per, Period::Every(Duration::from_secs(30)));
+        for (rules, expected) in [
+            ("[{usd: 1, per: day}]", "budgets[0]"),
+            ("[{tenant: a, upstream: a, usd: 1, per: day}]", "budgets[0]"),
+            (
+                "[{upstream: nowhere, usd: 1, per: day}]",
+                "budgets[0].upstream",
+            ),
+            ("[{tenant: a, usd: -1, per: day}]", "budgets[0].usd"),
+            ("[{tenant: a, usd: 1, per: week}]", "week"),
+        ] {
+            let err = Config::load(&format!("{BASE}budgets: {rules}\n"), [])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{rules}: {err}");
+        }
+    }
+
+    #[test]
     fn protection_errors_name_the_key() {
         let cases = [
             (

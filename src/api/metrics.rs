@@ -32,4 +32,7 @@ pub(super) async fn refresh_live(app: &AppState) {
         waiters: *flights.waiters().borrow(),
         cache,
     });
+    if app.budgets.is_active() {
+        app.metrics.set_budgets(&app.budgets.uses());
+    }
 }

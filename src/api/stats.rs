@@ -10,5 +10,7 @@ use crate::{metrics::Stats, state::AppState};
 
 pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Stats> {
     refresh_live(&app).await;
-    Json(app.metrics.stats())
+    let mut stats = app.metrics.stats();
+    stats.budgets = app.budgets.uses();
+    Json(stats)
 }

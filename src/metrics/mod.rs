@@ -52,6 +52,7 @@ pub use stats::{
 };
 
 use crate::{
+    budget::BudgetUse,
     cache::CacheUsage,
     cache_status::CacheStatus,
     config::Config,
@@ -85,6 +86,15 @@ struct UpstreamCallLabels {
     model: Arc<str>,
     status: String,
 }
+
+/// A budget: whom it caps (`tenant team-a`, `upstream openai`) and its window.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: String,
+    per: String,
+}
+
+type UsdGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
@@ -210,6 +220,8 @@ struct Inner {
     stream_log_bytes: LogBytes,
     stream_log_bytes_gauge: Gauge,
     redis_errors: Counter,
+    budget_usd: Family<BudgetLabels, UsdGauge>,
+    budget_spent_usd: Family<BudgetLabels, UsdGauge>,
     history: Mutex<History>,
 }
 
@@ -299,6 +311,18 @@ impl Metrics {
             "Bytes held by stream event logs (live streams, and finished ones a reader still holds)",
             stream_log_bytes_gauge.clone(),
         );
+        let budget_usd = Family::<BudgetLabels, UsdGauge>::default();
+        registry.register(
+            "corral_budget_usd",
+            "Each spend budget (budgets), in USD per window; a `*` rule once per tenant it counted",
+            budget_usd.clone(),
+        );
+        let budget_spent_usd = Family::<BudgetLabels, UsdGauge>::default();
+        registry.register(
+            "corral_budget_spent_usd",
+            "What the provider billed against each budget in its current window, in USD (the fleet's, with Redis)",
+            budget_spent_usd.clone(),
+        );
         let redis_errors = Counter::default();
         registry.register(
             "corral_redis_errors",
@@ -351,6 +375,8 @@ impl Metrics {
                 stream_log_bytes: LogBytes::default(),
                 stream_log_bytes_gauge,
                 redis_errors,
+                budget_usd,
+                budget_spent_usd,
                 history: Mutex::new(History::new(started_at_ms)),
             }),
         }
@@ -556,6 +582,25 @@ impl Metrics {
         }
         let stream_bytes = self.inner.stream_log_bytes.get() as u64;
         self.inner.stream_log_bytes_gauge.set(to_i64(stream_bytes));
+    }
+
+    /// Sets the budget gauges to `uses` (each budget's current window); call
+    /// before `encode`. A budget no longer listed (a tenant whose window
+    /// ended) leaves the gauges.
+    pub fn set_budgets(&self, uses: &[BudgetUse]) {
+        self.inner.budget_usd.clear();
+        self.inner.budget_spent_usd.clear();
+        for used in uses {
+            let labels = BudgetLabels {
+                budget: used.subject.clone(),
+                per: used.per.clone(),
+            };
+            self.inner.budget_usd.get_or_create(&labels).set(used.usd);
+            self.inner
+                .budget_spent_usd
+                .get_or_create(&labels)
+                .set(used.spent_usd);
+        }
     }
 
     /// The tally every stream log of this gateway counts its bytes into.

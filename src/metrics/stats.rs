@@ -63,6 +63,9 @@ pub struct Stats {
     pub redis_errors: u64,
     /// Cumulative spent and saved USD over time, oldest first, ending now.
     pub history: Vec<Point>,
+    /// Each budget's use in its current window (`budgets`); filled in by
+    /// `/stats` from the budgets, empty when none is set.
+    pub budgets: Vec<crate::budget::BudgetUse>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -566,6 +569,7 @@ impl Metrics {
             stream_log_bytes: inner.stream_log_bytes_gauge.get(),
             redis_errors: inner.redis_errors.get(),
             history,
+            budgets: Vec::new(),
         }
     }
 }

@@ -168,6 +168,21 @@ async fn a_tenant_over_its_daily_budget_is_refused_new_calls_and_served_everythi
     assert!(remaining(&b) > 0.0);
     let b = post_as(&gateway, "sk-b", MESSAGES, &message).await;
     assert_eq!(b.status, StatusCode::OK);
+
+    // /metrics: each tenant's budget and what was billed against it.
+    let metrics = String::from_utf8(gateway.get("/metrics").await.body.to_vec()).unwrap();
+    let a = tenant_of(&gateway, "sk-a");
+    let gauge = |name: &str| -> f64 {
+        let prefix = format!("{name}{{budget=\"tenant {a}\",per=\"day\"}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(gauge("corral_budget_usd"), 0.01);
+    assert!(gauge("corral_budget_spent_usd") >= 0.01);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -223,3 +223,89 @@ async fn the_savings_page_renders_the_figures_in_headless_chromium() {
     assert!(dom.contains("this instance since it started"), "{dom}");
     assert!(dom.contains("<td>mock</td>"), "the upstream table: {dom}");
 }
+
+/// The attributes of the `<tr data-budget="{subject}" ...>` row in serialized HTML.
+fn budget_row(dom: &str, subject: &str) -> (f64, f64) {
+    let at = dom
+        .find(&format!("data-budget=\"{subject}\""))
+        .unwrap_or_else(|| panic!("no budget row for {subject}: {dom}"));
+    let tag = &dom[at..at + dom[at..].find('>').unwrap()];
+    let value = |name: &str| -> f64 {
+        let key = format!("{name}=\"");
+        let from = tag.find(&key).unwrap() + key.len();
+        tag[from..from + tag[from..].find('"').unwrap()]
+            .parse()
+            .unwrap()
+    };
+    (value("data-spent"), value("data-remaining"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_savings_page_shows_each_budget_and_what_is_left_of_it() {
+    let Some(browser) = find_chromium() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is required in CI (.ci/run installs it)"
+        );
+        println!("SKIPPED: chromium not installed");
+        return;
+    };
+    let gateway = TestGateway::start(|config| {
+        config.pricing.models = PriceTable(vec![(
+            "gpt-4o-mini".into(),
+            ModelPrice {
+                input: 100.0,
+                output: 100.0,
+                cached_input: None,
+                cache_write: None,
+            },
+        )]);
+        config.budgets = vec![
+            corral::budget::BudgetRule {
+                tenant: Some("*".into()),
+                upstream: None,
+                usd: 1.0,
+                per: "day".parse().unwrap(),
+            },
+            corral::budget::BudgetRule {
+                tenant: None,
+                upstream: Some("mock".into()),
+                usd: 50.0,
+                per: "month".parse().unwrap(),
+            },
+        ];
+    })
+    .await;
+    let body = chat("a budgeted question");
+    let paid = gateway.post("/v1/chat/completions", &body).await;
+    assert_eq!(paid.cache(), "MISS");
+    assert_eq!(
+        gateway.post("/v1/chat/completions", &body).await.cache(),
+        "HIT"
+    );
+    let stats: Value = gateway.get("/stats").await.json();
+    let budgets = stats["budgets"]
+        .as_array()
+        .expect("/stats lists the budgets");
+    assert_eq!(budgets.len(), 2, "{budgets:?}");
+    let dom = chromium(&browser, &format!("{}/", gateway.url), "--dump-dom").await;
+    assert!(dom.contains("data-state=\"ready\""), "{dom}");
+    for budget in budgets {
+        let subject = budget["subject"].as_str().unwrap();
+        let (spent, remaining) = budget_row(&dom, subject);
+        assert!(spent > 0.0, "the miss was billed: {subject}");
+        assert!((spent - budget["spent_usd"].as_f64().unwrap()).abs() < 1e-12);
+        assert!((remaining - budget["remaining_usd"].as_f64().unwrap()).abs() < 1e-12);
+    }
+    // The hit spent nothing: each budget holds exactly the one call's cost.
+    let left: f64 = paid
+        .header("x-corral-budget-remaining-usd")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let tenant_budget = budgets
+        .iter()
+        .find(|b| b["subject"].as_str().unwrap().starts_with("tenant "))
+        .unwrap();
+    assert!((tenant_budget["remaining_usd"].as_f64().unwrap() - left).abs() < 1e-9);
+}
