@@ -247,7 +247,7 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
     let template = std::fs::read_to_string(agents_dir().join("codex.config.toml")).unwrap();
     let config = template.replace("BASE_URL", &format!("{}/v1", tap.url));
     std::fs::write(codex_home.join("config.toml"), config).unwrap();
-    let codex = |_| {
+    let codex = |prompt: &'static str| {
         let mut command = clean_command(clients.node(), &scratch.home);
         command
             .arg(clients.codex())
@@ -258,7 +258,7 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
                 "--ephemeral",
                 "--color",
                 "never",
-                "Say hello in one short sentence.",
+                prompt,
             ])
             .current_dir(&scratch.work)
             .env("CODEX_HOME", &codex_home)
@@ -266,8 +266,20 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
         tokio::spawn(run(command, CLIENT_TIMEOUT, "codex exec"))
     };
 
+    // A first run installs Codex's own files (its system skills) in the fresh
+    // CODEX_HOME, which the instructions of every later run name: warm it, as
+    // a developer's CODEX_HOME is, so the five runs see one home.
+    codex("Warm up: say ok.")
+        .await
+        .expect("the warm-up run's task")
+        .success("codex exec (warm-up)");
+    let warm_up_turns = tap.to("/v1/responses").len();
+    let calls_before = gateway.provider.calls_to("/v1/responses");
+
     gateway.provider.hold();
-    let runs: Vec<_> = (0..CODEX_RUNS).map(codex).collect();
+    let runs: Vec<_> = (0..CODEX_RUNS)
+        .map(|_| codex("Say hello in one short sentence."))
+        .collect();
     gateway.wait_for_waiters(CODEX_RUNS).await;
     gateway.provider.release();
     let mut finished: Vec<Finished> = Vec::new();
@@ -275,7 +287,7 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
         finished.push(task.await.expect("the run's task").success("codex exec"));
     }
 
-    let turns = tap.to("/v1/responses");
+    let turns = tap.to("/v1/responses").split_off(warm_up_turns);
     let sent: Vec<String> = turns.iter().map(Exchange::summary).collect();
     let bodies: Vec<Value> = turns.iter().map(Exchange::json).collect();
     let context = format!(
@@ -287,7 +299,7 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
     let answers: BTreeSet<&str> = finished.iter().map(|run| run.stdout.trim()).collect();
     let context = format!("answers: {answers:#?}\n{context}");
     assert_eq!(
-        gateway.provider.calls_to("/v1/responses"),
+        gateway.provider.calls_to("/v1/responses") - calls_before,
         1,
         "one upstream call for the one turn of five identical runs; {context}"
     );
