@@ -16,6 +16,9 @@ COPY tests ./tests
 COPY benches ./benches
 
 FROM source AS build
+# jemalloc (the gateway's allocator) is built from C source: its build runs make.
+RUN apt-get update && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
 RUN cargo build --release --locked -p corral --bin corral
 
 FROM source AS build-mock

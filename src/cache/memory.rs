@@ -12,19 +12,44 @@ use moka::{Expiry, sync::Cache};
 use super::{CacheStore, CacheUsage, Entry};
 use crate::fingerprint::{CacheKey, Fingerprint};
 
-/// Bytes counted per entry beyond its body and headers: the `Entry`, the
-/// `StoredResponse`, the key and moka's own bookkeeping for it.
-pub const ENTRY_OVERHEAD_BYTES: u64 = 512;
+/// Bytes counted per entry beyond its body and headers: moka's bookkeeping for
+/// it (its entry and entry info, the hash table's bucket, the access-order
+/// node, the timer-wheel node of its expiry, the key's own `Arc`), the `Entry`
+/// and `StoredResponse` in their `Arc`s, and the body's shared handle.
+///
+/// Measured, not guessed: a distinct-key flood of small answers at the shipped
+/// 256 MiB held 263k entries weighed at ~1.0 KiB each and reached 415 MiB of
+/// RSS, ~1.5 KiB per entry (BENCHMARKS.md, "Memory that follows the bytes
+/// held"); with this overhead an entry weighs what it costs, so
+/// `cache.max_bytes` bounds the memory the cache really takes.
+pub const ENTRY_OVERHEAD_BYTES: u64 = 768;
 
-/// What an entry weighs against `cache.max_bytes`.
+/// Bytes counted per stored header beyond its name and value text: its slot
+/// in the headers list (name and value handles) and its value's allocation.
+pub const HEADER_OVERHEAD_BYTES: u64 = 96;
+
+/// What an entry weighs against `cache.max_bytes`: its body as the allocator
+/// rounds it, its headers, and [`ENTRY_OVERHEAD_BYTES`].
 pub fn entry_weight(entry: &Entry) -> u64 {
-    let headers: usize = entry
+    let headers: u64 = entry
         .response
         .headers
         .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
+        .map(|(name, value)| (name.as_str().len() + value.len()) as u64 + HEADER_OVERHEAD_BYTES)
         .sum();
-    (entry.response.body.len() + headers) as u64 + ENTRY_OVERHEAD_BYTES
+    allocated(entry.response.body.len() as u64) + headers + ENTRY_OVERHEAD_BYTES
+}
+
+/// `bytes` rounded up to the allocation that holds them: size classes four to
+/// a doubling, 16 bytes apart at the least (jemalloc's, and close to what any
+/// modern allocator does); a body is one allocation of its own.
+fn allocated(bytes: u64) -> u64 {
+    if bytes <= 16 {
+        return 16;
+    }
+    let power = 63 - (bytes - 1).leading_zeros();
+    let spacing = (1_u64 << power.saturating_sub(2)).max(16);
+    bytes.div_ceil(spacing) * spacing
 }
 
 #[derive(Debug, Clone)]
@@ -155,7 +180,12 @@ mod tests {
             }
         }
         let usage = store.usage().await.unwrap();
-        let weight = body_bytes as u64 + ENTRY_OVERHEAD_BYTES;
+        let weight = entry_weight(&entry(body_bytes));
+        assert_eq!(
+            weight,
+            16 * 1024 + ENTRY_OVERHEAD_BYTES,
+            "16 KiB is a size class"
+        );
         assert!(usage.bytes <= max_bytes, "{usage:?}");
         assert!(usage.entries <= max_bytes / weight, "{usage:?}");
         assert!(usage.bytes > max_bytes / 2, "the bound is used, {usage:?}");
@@ -164,5 +194,37 @@ mod tests {
             "{keys} keys x {body_bytes} B inserted; held {} entries, {} bytes",
             usage.entries, usage.bytes
         );
+    }
+
+    #[test]
+    fn an_entry_weighs_its_body_as_allocated_its_headers_and_its_bookkeeping() {
+        for (bytes, class) in [
+            (0, 16),
+            (1, 16),
+            (16, 16),
+            (17, 32),
+            (100, 112),
+            (129, 160),
+            (500, 512),
+            (513, 640),
+            (4096, 4096),
+            (4097, 5120),
+        ] {
+            assert_eq!(allocated(bytes), class, "{bytes} bytes");
+        }
+        let mut small = Entry::clone(&entry(500));
+        let response = StoredResponse {
+            status: StatusCode::OK,
+            headers: vec![(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            body: small.response.body.clone(),
+            usage: None,
+        };
+        small.response = Arc::new(response);
+        // 512 for the body, "content-type" + "application/json" + 96, then 768:
+        // a small answer costs about three times its body.
+        assert_eq!(entry_weight(&small), 512 + (12 + 16 + 96) + 768);
     }
 }

@@ -21,8 +21,9 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use super::format::{CHAT, Format};
+use super::packed::{Entry, PackedEvents, Piece};
 use super::relay::BrokenStream;
-use super::usage::{CallerUsage, UsageFree};
+use super::usage::CallerUsage;
 
 /// How a stream ended; the terminal event is also the last event of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,56 +107,21 @@ pub struct LogLimits {
     pub tally: Option<LogBytes>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LogState {
-    entries: Vec<Entry>,
-    /// Bytes held by `entries`, both views counted.
+    entries: PackedEvents,
+    /// Bytes held by `entries` (a usage-free view that is a cut of its event holds none).
     bytes: usize,
     end: Option<LogEnd>,
 }
 
-/// One event, in both views: the caller who asked for usage gets `event`; the others get
-/// `usage_free`, decided once here so a reader never parses or copies anything.
-#[derive(Debug)]
-struct Entry {
-    event: Bytes,
-    usage_free: UsageFree,
-    /// The log's byte count once this entry was in (a reader's lag is measured against it).
-    end_offset: usize,
-}
-
-impl Entry {
-    fn new(event: Bytes, format: Format) -> Self {
-        let usage_free = format.usage_free(&event);
+impl LogState {
+    /// `pack`: a live log copies its events into shared blocks (see `packed.rs`).
+    fn new(pack: bool) -> Self {
         Self {
-            event,
-            usage_free,
-            end_offset: 0,
-        }
-    }
-
-    /// A terminal event (`[DONE]` or an error) reads the same in both views.
-    fn terminal(event: Bytes) -> Self {
-        Self {
-            event,
-            usage_free: UsageFree::Same,
-            end_offset: 0,
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        let extra = match &self.usage_free {
-            UsageFree::Rewritten(event) => event.len(),
-            UsageFree::Same | UsageFree::Skip => 0,
-        };
-        self.event.len() + extra
-    }
-
-    fn view(&self, usage: CallerUsage) -> Option<&Bytes> {
-        match (usage, &self.usage_free) {
-            (CallerUsage::Asked, _) | (CallerUsage::NotAsked, UsageFree::Same) => Some(&self.event),
-            (CallerUsage::NotAsked, UsageFree::Skip) => None,
-            (CallerUsage::NotAsked, UsageFree::Rewritten(event)) => Some(event),
+            entries: PackedEvents::new(pack),
+            bytes: 0,
+            end: None,
         }
     }
 }
@@ -187,8 +153,12 @@ impl StreamLog {
 
     /// An empty log of `format`'s events, bounded by `limits`, and its one writer.
     pub fn with_limits(format: Format, limits: LogLimits) -> (StreamLog, StreamWriter) {
+        StreamLog::build(format, limits, true)
+    }
+
+    fn build(format: Format, limits: LogLimits, pack: bool) -> (StreamLog, StreamWriter) {
         let shared = Arc::new(Shared {
-            state: watch::Sender::new(LogState::default()),
+            state: watch::Sender::new(LogState::new(pack)),
             readers: watch::Sender::new(ReaderCount::default()),
             max_bytes: limits.max_bytes,
             max_reader_lag: limits.max_reader_lag,
@@ -204,14 +174,16 @@ impl StreamLog {
     /// A finished log of a complete stream of `format`'s events, for serving a cached stream
     /// through the same readers as a live one. A trailing done event (chat: `[DONE]`) in
     /// `events` is optional.
+    /// Its events are kept as given (shared handles already), not packed.
     pub fn replay(format: Format, events: impl IntoIterator<Item = Bytes>) -> StreamLog {
-        let (log, mut writer) = StreamLog::with_limits(
+        let (log, mut writer) = StreamLog::build(
             format,
             LogLimits {
                 max_bytes: usize::MAX,
                 max_reader_lag: usize::MAX,
                 tally: None,
             },
+            false,
         );
         let done = format.done_event();
         for event in events {
@@ -248,6 +220,7 @@ impl StreamLog {
         StreamReader {
             state,
             cursor: 0,
+            read: 0,
             joined_at,
             cut: false,
             usage,
@@ -327,7 +300,7 @@ impl StreamLog {
         state
             .entries
             .iter()
-            .map(|entry| entry.event.clone())
+            .map(|entry| entry.event().clone())
             .collect()
     }
 
@@ -341,7 +314,8 @@ impl StreamLog {
         self.len() == 0
     }
 
-    /// Bytes the log holds (both usage views counted).
+    /// Bytes the log holds: its events (and a usage-free view only where it is not a cut of
+    /// its event).
     pub fn bytes(&self) -> usize {
         self.shared.state.borrow().bytes
     }
@@ -375,7 +349,8 @@ impl StreamWriter {
     /// Past the log's bound the event is not appended and the log fails with an error event.
     pub fn append(&mut self, event: Bytes) -> Result<(), AppendError> {
         let format = self.shared.format;
-        let entry = Entry::new(event, format);
+        let usage_free = format.usage_free(&event);
+        let entry = Entry::new(event, usage_free);
         let max_bytes = self.shared.max_bytes;
         let mut result = Ok(());
         self.shared.state.send_if_modified(|state| {
@@ -400,8 +375,6 @@ impl StreamWriter {
                 tally.add(entry.bytes());
             }
             state.bytes = bytes;
-            let mut entry = entry;
-            entry.end_offset = bytes;
             state.entries.push(entry);
             true
         });
@@ -460,12 +433,11 @@ fn terminate(state: &mut LogState, end: LogEnd, format: Format, tally: Option<&L
         state.end = Some(end);
         return;
     };
-    let mut entry = Entry::terminal(event);
+    let entry = Entry::terminal(event);
     if let Some(tally) = tally {
         tally.add(entry.bytes());
     }
     state.bytes = state.bytes.saturating_add(entry.bytes());
-    entry.end_offset = state.bytes;
     state.entries.push(entry);
     state.end = Some(end);
 }
@@ -476,6 +448,8 @@ fn terminate(state: &mut LogState, end: LogEnd, format: Format, tally: Option<&L
 pub struct StreamReader {
     state: watch::Receiver<LogState>,
     cursor: usize,
+    /// Bytes of the entries this reader passed (its position in the log's byte count).
+    read: usize,
     /// The log's size when this reader joined: what was there already is replayed from
     /// memory and does not count as lag (a late joiner is not a slow one).
     joined_at: usize,
@@ -494,7 +468,15 @@ impl StreamReader {
     /// A reader more than the log's `max_reader_lag` bytes behind a live stream gets an
     /// error event instead, and then `None`: a client that reads slower than the provider
     /// writes is told so, rather than keeping the log alive for as long as it dawdles.
+    ///
+    /// A usage-free view the log keeps as a cut of its event is joined into a copy here;
+    /// [`into_stream`](Self::into_stream), what callers' bodies read, sends its two slices
+    /// instead.
     pub async fn next_event(&mut self) -> Option<Bytes> {
+        self.next_piece().await.map(Piece::joined)
+    }
+
+    async fn next_piece(&mut self) -> Option<Piece> {
         if self.cut {
             return None;
         }
@@ -504,24 +486,22 @@ impl StreamReader {
                 // this look wakes the `changed` below: no event can slip between the two.
                 let state = self.state.borrow_and_update();
                 if state.end.is_none() {
-                    let read = match self.cursor {
-                        0 => 0,
-                        n => state.entries[n - 1].end_offset,
-                    };
-                    let lag = state.bytes - read.max(self.joined_at);
+                    let lag = state.bytes - self.read.max(self.joined_at);
                     if lag > self.shared.max_reader_lag {
                         self.cut = true;
                         let message = format!(
                             "this client fell more than {} bytes behind the stream",
                             self.shared.max_reader_lag
                         );
-                        return Some(self.shared.format.error_event(&message, self.cursor));
+                        let event = self.shared.format.error_event(&message, self.cursor);
+                        return Some(Piece::Whole(event));
                     }
                 }
                 while let Some(entry) = state.entries.get(self.cursor) {
                     self.cursor += 1;
-                    if let Some(event) = entry.view(self.usage) {
-                        return Some(event.clone());
+                    self.read += entry.bytes();
+                    if let Some(piece) = entry.view(self.usage) {
+                        return Some(piece);
                     }
                 }
                 if state.end.is_some() {
@@ -542,10 +522,18 @@ impl StreamReader {
 
     /// The reader as a body stream, for `axum::body::Body::from_stream`. The reader (and so
     /// the reader count) lives as long as the stream: a client that disconnects drops it.
+    ///
+    /// An event whose usage-free view is a cut comes as its two slices, one right after the
+    /// other (the second is ready at once, so nothing, a keep-alive included, goes between).
     pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-        futures::stream::unfold(self, |mut reader| async move {
-            let event = reader.next_event().await?;
-            Some((Ok(event), reader))
+        futures::stream::unfold((self, None), |(mut reader, pending)| async move {
+            if let Some(tail) = pending {
+                return Some((Ok(tail), (reader, None)));
+            }
+            match reader.next_piece().await? {
+                Piece::Whole(event) => Some((Ok(event), (reader, None))),
+                Piece::Cut(head, tail) => Some((Ok(head), (reader, Some(tail)))),
+            }
         })
     }
 }

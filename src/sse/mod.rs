@@ -2,7 +2,9 @@
 //!
 //! - `log.rs`: [`StreamLog`], the shared, append-only log of one upstream stream's events.
 //!   One [`StreamWriter`] appends; every identical caller reads it through its own
-//!   [`StreamReader`] cursor, from the first event on, at its own pace.
+//!   [`StreamReader`] cursor, from the first event on, at its own pace. `packed.rs` holds
+//!   its events: packed into shared blocks, a usage-free view kept as a cut of its event, so a
+//!   live stream costs about the bytes it relayed.
 //! - `relay.rs`: [`relay`] parses the provider's SSE body, appends each event to the log in one
 //!   canonical framing, and turns a broken stream (cut short, stalled, malformed, too large)
 //!   into an error event in the API's shape that ends every reader's stream.
@@ -27,6 +29,7 @@
 mod convert;
 mod format;
 mod log;
+mod packed;
 mod relay;
 mod usage;
 

@@ -102,7 +102,7 @@ struct SuiteArgs {
     #[arg(long, default_value = "target/criterion")]
     criterion_dir: PathBuf,
     /// Run only these scenarios (comma-separated): hit, miss, stampede,
-    /// stampede-redis, stream, zipf, flood, fingerprint, peer-litellm.
+    /// stampede-redis, stream, zipf, flood, memory, fingerprint, peer-litellm.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Small counts and short runs (checks the suite, gives no figures).

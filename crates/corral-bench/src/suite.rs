@@ -37,8 +37,10 @@ use super::{
     wrk,
 };
 
+mod memory;
+
 /// Every scenario, in the order the suite runs them.
-pub const SCENARIOS: [&str; 10] = [
+pub const SCENARIOS: [&str; 11] = [
     "hit",
     "hit-inproc",
     "miss",
@@ -47,6 +49,7 @@ pub const SCENARIOS: [&str; 10] = [
     "stream",
     "zipf",
     "flood",
+    "memory",
     "fingerprint",
     "peer-litellm",
 ];
@@ -55,11 +58,6 @@ pub const SCENARIOS: [&str; 10] = [
 /// every caller has arrived before the one upstream answer does.
 const STAMPEDE_LATENCY: Duration = Duration::from_millis(1000);
 
-/// `cache.max_bytes` of the flood scenario's corral.
-const FLOOD_BUDGET_BYTES: u64 = 16 * 1024 * 1024;
-/// What the flood may add to corral's RSS beyond its cache budget: connections,
-/// buffers, allocator slack (see BENCHMARKS.md, "Memory under a flood").
-const FLOOD_RSS_ALLOWANCE_BYTES: u64 = 64 * 1024 * 1024;
 /// Upstream latency of the realistic mix (a fast provider).
 const ZIPF_LATENCY: Duration = Duration::from_millis(200);
 /// Bound on a child's start (its ready line).
@@ -350,6 +348,7 @@ pub async fn run(options: SuiteOptions) -> anyhow::Result<SuiteReport> {
             "stream" => bench.stream().await,
             "zipf" => bench.zipf().await,
             "flood" => bench.flood().await,
+            "memory" => bench.memory().await,
             "hit-inproc" => bench.hit_in_process(),
             "fingerprint" => bench.fingerprint(),
             "peer-litellm" => bench.peer_litellm().await,
@@ -1231,81 +1230,6 @@ impl Bench {
             .rss_peak_bytes
             .saturating_sub(server.rss_before_bytes);
         Ok(grown as f64 / callers.max(1) as f64 / 1024.0)
-    }
-
-    /// A distinct-key flood against a fresh corral whose cache budget is
-    /// `FLOOD_BUDGET_BYTES`: the cache's own bytes stay under the budget, and
-    /// RSS grows by at most the budget plus `FLOOD_RSS_ALLOWANCE_BYTES`.
-    async fn flood(&mut self) -> anyhow::Result<ScenarioResult> {
-        let mut result = ScenarioResult::new("flood");
-        self.set_latency(Duration::ZERO).await?;
-        let budget = FLOOD_BUDGET_BYTES.to_string();
-        let fresh = start_corral(
-            &self.options,
-            &self.logs,
-            "corral-flood",
-            &self.mock.ready,
-            &[("CORRAL_CACHE__MAX_BYTES", &budget)],
-        )
-        .await?;
-        let mut scenario = self.scenario(
-            "flood: distinct keys, one cache budget",
-            vec![format!("{}/v1", fresh.ready)],
-        );
-        scenario.nonce = format!("flood-{:08x}", rand::random::<u32>());
-        scenario.mix = Mix::Distinct;
-        scenario.concurrency = 64;
-        scenario.stop = Stop::Requests(self.scaled(60_000, 5_000));
-        scenario.watch_pid = fresh.pid();
-        let report = self.run(&scenario).await;
-        let stats = async {
-            let stats: serde_json::Value = self
-                .probe
-                .get(format!("{}/stats", fresh.ready))
-                .send()
-                .await?
-                .json()
-                .await?;
-            anyhow::Ok(stats)
-        }
-        .await;
-        let rss_after = fresh.pid().and_then(probe::rss_bytes);
-        fresh.stop().await;
-        let (report, stats) = (report?, stats?);
-        let cache_bytes = stats["cache_bytes"].as_u64().unwrap_or_default();
-        let budget = FLOOD_BUDGET_BYTES as f64;
-        let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
-        result.target(
-            "cache bytes / budget",
-            cache_bytes as f64 / budget,
-            "ratio",
-            "<= 1",
-            cache_bytes <= FLOOD_BUDGET_BYTES,
-        );
-        result.figure(
-            "cache entries",
-            stats["cache_entries"].as_f64().unwrap_or_default(),
-            "entries",
-        );
-        result.figure("cache budget", mib(budget), "MiB");
-        if let Some(server) = &report.server {
-            let grown = server
-                .rss_peak_bytes
-                .saturating_sub(server.rss_before_bytes);
-            result.figure("RSS before", mib(server.rss_before_bytes as f64), "MiB");
-            result.target(
-                "RSS growth (peak)",
-                mib(grown as f64),
-                "MiB",
-                "<= budget + 64 MiB",
-                grown <= FLOOD_BUDGET_BYTES + FLOOD_RSS_ALLOWANCE_BYTES,
-            );
-            if let Some(after) = rss_after {
-                result.figure("RSS at the end", mib(after as f64), "MiB");
-            }
-        }
-        result.runs.push(report);
-        Ok(result)
     }
 
     /// Zipf(1.1) over the corpus at a fixed arrival rate, a 200 ms provider.

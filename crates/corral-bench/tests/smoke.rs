@@ -216,6 +216,8 @@ async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
         "stampede-redis",
         "stream",
         "zipf",
+        "flood",
+        "memory",
     ] {
         assert_eq!(
             scenario(name).status,
@@ -237,6 +239,23 @@ async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
     assert_eq!(figure("stream", "upstream calls"), 1.0);
     assert_eq!(figure("stampede-redis", "errors"), 0.0);
     assert!(figure("hit", "throughput / baseline") > 0.0);
+    // The memory scenario ran its three parts at quick mode's counts and
+    // reports each figure the issue asks for (its targets are for full runs
+    // on a release build, not for CI).
+    assert_eq!(figure("memory", "live streams"), 4.0);
+    assert_eq!(figure("memory", "burst callers"), 200.0);
+    assert_eq!(figure("memory", "flood requests"), 5_000.0);
+    assert!(figure("memory", "live stream bytes") >= 4.0 * 1_000_000.0 / (1024.0 * 1024.0));
+    for name in [
+        "RSS growth per live stream byte",
+        "RSS after the stream burst - before",
+        "RSS after the caller burst - before",
+        "RSS under the flood (peak)",
+        "cache bytes / budget",
+    ] {
+        assert!(figure("memory", name).is_finite(), "memory: {name}");
+    }
+    assert_eq!(figure("flood", "flood requests"), 5_000.0);
     // CI installs wrk (.ci/run): the hit path is then measured with it, and
     // the report says so.
     if which_wrk() {

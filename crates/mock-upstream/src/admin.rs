@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Json;
@@ -35,6 +36,11 @@ pub(super) fn router() -> Router<Arc<Shared>> {
         .route("/__mock/latency", post(latency))
         .route("/__mock/script", post(script))
         .route("/__mock/truncate", post(truncate))
+        .route("/__mock/stream_padding", post(stream_padding))
+        .route(
+            "/__mock/stream_ends",
+            get(stream_ends).post(hold_stream_ends),
+        )
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +190,70 @@ async fn truncate(
     let body: TruncateBody = parse(&body)?;
     shared.set_truncate_streams(body.on);
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PaddingBody {
+    bytes: usize,
+}
+
+/// `POST /__mock/stream_padding` with `{bytes}`: pad streamed chat answers to at least that many
+/// body bytes (0: no padding).
+async fn stream_padding(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: PaddingBody = parse(&body)?;
+    shared.stream_padding.store(body.bytes, Ordering::Relaxed);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamEndsBody {
+    held: bool,
+}
+
+/// `POST /__mock/stream_ends` with `{held}`: hold every stream before its final event, or
+/// release the held ones.
+async fn hold_stream_ends(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: StreamEndsBody = parse(&body)?;
+    shared.set_stream_ends_held(body.held);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamEndsQuery {
+    wait_for: Option<usize>,
+    timeout_ms: Option<u64>,
+}
+
+/// `GET /__mock/stream_ends[?wait_for=N&timeout_ms=M]`: `{held, waiting, waiting_bytes}`, the
+/// streams waiting at their end and the bytes they sent, after waiting (woken by arrivals)
+/// until at least N wait or M ms passed; `reached` tells which.
+async fn stream_ends(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<StreamEndsQuery>,
+) -> Response {
+    let reached = match query.wait_for {
+        Some(n) => {
+            let timeout = query.timeout_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+            shared.wait_for_streams_at_end(n, timeout).await
+        }
+        None => true,
+    };
+    let at_end = shared.streams_at_end();
+    Json(json!({
+        "held": shared.stream_ends.borrow().held,
+        "waiting": at_end.streams,
+        "waiting_bytes": at_end.bytes,
+        "reached": reached,
+    }))
+    .into_response()
 }
 
 /// An admin body that does not say what it should; answered 400 in OpenAI's error shape.

@@ -134,6 +134,7 @@ pub(super) fn messages(
     Ok(Answer::Stream(SseEvents {
         events,
         first_content,
+        padding: None,
     }))
 }
 

@@ -1,27 +1,26 @@
 //! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
-//! script or failure or answer), the headers every response carries, and SSE delivery with its
-//! delays and deliberate truncation.
+//! script or failure or answer) and the headers every response carries; a streamed answer is
+//! delivered by `delivery.rs`.
 
-use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use futures::StreamExt as _;
 use serde_json::json;
 
 use super::admin;
 use super::anthropic;
-use super::openai::{self, Answer, InvalidRequest, SseEvents};
+use super::delivery::{self, Delivery};
+use super::openai::{self, Answer, InvalidRequest};
 use super::{FailureMode, RecordedRequest, Scripted, Shared};
 
 /// Largest request body read; generous because load tests send long prompts.
@@ -160,7 +159,7 @@ async fn not_found(request: Request) -> Response {
 /// It is counted and recorded first, so that a test waiting for the call sees it even while it
 /// is held. A script wins over failure injection, which wins over the computed answer; failure is
 /// rolled after the hold, so a test can hold calls, switch failure on and release them into it.
-async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Response {
+async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, MAX_BODY_BYTES).await;
     let recorded = RecordedRequest {
@@ -221,11 +220,15 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
                 }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
-                    Ok(Answer::Stream(events)) => sse_response(
+                    Ok(Answer::Stream(events)) => delivery::sse_response(
+                        Arc::clone(shared),
                         events,
-                        shared.settings.stream_first_event_delay,
-                        shared.settings.stream_chunk_delay,
-                        shared.truncate_streams(),
+                        Delivery {
+                            first: shared.settings.stream_first_event_delay,
+                            delay: shared.settings.stream_chunk_delay,
+                            truncate: shared.truncate_streams(),
+                            pad_to: shared.stream_padding(),
+                        },
                     ),
                     Err(InvalidRequest(message)) => endpoint.error(
                         StatusCode::BAD_REQUEST,
@@ -245,44 +248,6 @@ async fn billable(shared: &Shared, endpoint: Endpoint, request: Request) -> Resp
 fn rolls_failure(failure: &FailureMode) -> bool {
     // `random_bool` would panic outside [0, 1]; comparing handles any fraction, NaN included.
     rand::random::<f64>() < failure.fraction
-}
-
-/// Stream `events`, silent for `first` before the first, pausing `delay` between two of them;
-/// when `truncate` is on, stop after the first content event by failing the body, which makes
-/// hyper drop the connection mid-stream.
-fn sse_response(events: SseEvents, first: Duration, delay: Duration, truncate: bool) -> Response {
-    let SseEvents {
-        mut events,
-        first_content,
-    } = events;
-    if truncate {
-        events.truncate(first_content + 1);
-    }
-    let frames = futures::stream::iter(events.into_iter().enumerate()).then(
-        move |(index, event)| async move {
-            if index == 0 && !first.is_zero() {
-                tokio::time::sleep(first).await;
-            }
-            if index > 0 && !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            Ok::<_, io::Error>(event)
-        },
-    );
-    let cut = futures::stream::iter(truncate.then_some(())).then(|()| async {
-        // Returning Pending once lets hyper flush what was written before the connection is
-        // dropped; without it, the last content event could be lost with the socket.
-        tokio::task::yield_now().await;
-        Err(io::Error::new(
-            io::ErrorKind::ConnectionAborted,
-            "mock provider truncated the stream",
-        ))
-    });
-    let mut response = Response::new(Body::from_stream(frames.chain(cut)));
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
 }
 
 /// A canned response, byte for byte; headers that cannot be sent are logged and skipped.

@@ -11,7 +11,8 @@
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
 //! turns to provoke the gateway: hold every call until released, inject failures, answer from a
-//! FIFO of scripted responses, add latency, cut streams short. The same knobs are exposed over
+//! FIFO of scripted responses, add latency, cut streams short, pad streams to a size and keep
+//! them open before their final event (`delivery.rs`). The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
 //! It deliberately does not model tokenizers, rate limits or authentication: the gateway
@@ -21,6 +22,7 @@
 
 mod admin;
 mod anthropic;
+mod delivery;
 mod http;
 mod openai;
 mod responses;
@@ -29,9 +31,11 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
+pub use delivery::StreamsAtEnd;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -287,6 +291,40 @@ impl MockProvider {
         self.inner.shared.set_truncate_streams(on);
     }
 
+    /// From now on, a streamed chat answer (`/v1/chat/completions` with `stream: true`) is
+    /// padded with more content chunks of its first choice, one word each, until its body is
+    /// at least `bytes` long; 0 streams answers as they are. Other formats are not padded.
+    pub fn set_stream_padding(&self, bytes: usize) {
+        self.inner
+            .shared
+            .stream_padding
+            .store(bytes, Ordering::Relaxed);
+    }
+
+    /// From now on, every streamed answer sends all but its final event (chat: `data: [DONE]`)
+    /// and then waits, counted in [`streams_at_end`](Self::streams_at_end), until
+    /// [`release_stream_ends`](Self::release_stream_ends): streams a test keeps live for as long
+    /// as it needs them.
+    pub fn hold_stream_ends(&self) {
+        self.inner.shared.set_stream_ends_held(true);
+    }
+
+    /// Let every stream waiting at its end send its final event, and stop holding.
+    pub fn release_stream_ends(&self) {
+        self.inner.shared.set_stream_ends_held(false);
+    }
+
+    /// Streams waiting at their end now, and the bytes they sent before it.
+    pub fn streams_at_end(&self) -> StreamsAtEnd {
+        self.inner.shared.streams_at_end()
+    }
+
+    /// Wait until at least `n` streams wait at their end; false if `timeout` passed first.
+    /// Woken by each arrival, like [`wait_for_calls`](Self::wait_for_calls).
+    pub async fn wait_for_streams_at_end(&self, n: usize, timeout: Duration) -> bool {
+        self.inner.shared.wait_for_streams_at_end(n, timeout).await
+    }
+
     /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call: a
     /// batch of five inputs counts five.
     pub fn embedded_inputs(&self) -> u64 {
@@ -311,7 +349,8 @@ impl MockProvider {
     }
 
     /// Back to the state right after start: counters, recorded requests and scripts cleared,
-    /// held calls released, failure, latency and truncation as in the startup settings.
+    /// held calls and stream ends released, failure, latency and truncation as in the startup
+    /// settings, no padding.
     pub fn reset(&self) {
         self.inner.shared.reset();
     }
@@ -323,6 +362,9 @@ struct Shared {
     latency: Mutex<Duration>,
     failure: Mutex<Option<FailureMode>>,
     truncate_streams: AtomicBool,
+    /// Body size streamed chat answers are padded to (0: none).
+    stream_padding: AtomicUsize,
+    stream_ends: watch::Sender<delivery::StreamEnds>,
     ledger: Mutex<Ledger>,
     /// Every non-admin request line, billable or not (see [`MockProvider::received`]).
     received: Mutex<Vec<String>>,
@@ -368,6 +410,8 @@ impl Shared {
             latency: Mutex::new(settings.latency),
             failure: Mutex::new(settings.failure.clone()),
             truncate_streams: AtomicBool::new(false),
+            stream_padding: AtomicUsize::new(0),
+            stream_ends: watch::Sender::new(delivery::StreamEnds::default()),
             ledger: Mutex::new(Ledger::default()),
             received: Mutex::new(Vec::new()),
             calls: watch::Sender::new(0),
@@ -454,6 +498,10 @@ impl Shared {
         self.truncate_streams.load(Ordering::Relaxed)
     }
 
+    fn stream_padding(&self) -> usize {
+        self.stream_padding.load(Ordering::Relaxed)
+    }
+
     /// Count and record a billable call, and take the script it will answer with, if any.
     fn arrive(&self, request: RecordedRequest) -> Arrival {
         let mut ledger = lock(&self.ledger);
@@ -493,6 +541,8 @@ impl Shared {
         *lock(&self.failure) = self.settings.failure.clone();
         *lock(&self.latency) = self.settings.latency;
         self.truncate_streams.store(false, Ordering::Relaxed);
+        self.stream_padding.store(0, Ordering::Relaxed);
+        self.set_stream_ends_held(false);
     }
 }
 

@@ -3,7 +3,7 @@
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
 //! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
-//! script, truncate) steer it while it runs. This file only wires: arguments, logging, bind,
+//! script, truncate, stream_padding, stream_ends) steer it while it runs. This file only wires: arguments, logging, bind,
 //! one ready line on stdout, serve until ctrl-c or SIGTERM.
 
 use std::io::Write as _;

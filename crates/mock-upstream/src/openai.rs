@@ -37,6 +37,40 @@ pub(super) struct SseEvents {
     pub(super) events: Vec<Bytes>,
     /// Index of the first event that carries content; a truncated stream ends right after it.
     pub(super) first_content: usize,
+    /// How this stream's content chunks are made, for padding it to a size; `None` for a
+    /// format the mock does not pad.
+    pub(super) padding: Option<PadChunk>,
+}
+
+/// A content chunk of the stream's first choice, cut where its text goes: padding chunks are
+/// `before + word + after`, byte for byte the chunks the stream's own words come in, inserted
+/// right after its first content chunk.
+#[derive(Debug, Clone)]
+pub(super) struct PadChunk {
+    pub(super) before: String,
+    pub(super) after: String,
+}
+
+impl PadChunk {
+    /// Placeholder for the text while the template is serialized; never in an answer.
+    const MARK: &'static str = "__mock_padding_text__";
+
+    /// `event` (one framed chunk whose text is [`Self::MARK`]) cut around the mark.
+    fn around_mark(event: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(event).ok()?;
+        let (before, after) = text.split_once(Self::MARK)?;
+        Some(Self {
+            before: before.to_owned(),
+            after: after.to_owned(),
+        })
+    }
+
+    /// The chunk carrying `text` (plain words: nothing to escape in JSON).
+    pub(super) fn with(&self, text: &str, into: &mut Vec<u8>) {
+        into.extend_from_slice(self.before.as_bytes());
+        into.extend_from_slice(text.as_bytes());
+        into.extend_from_slice(self.after.as_bytes());
+    }
 }
 
 /// A request the real API would reject with 400 `invalid_request_error`.
@@ -157,9 +191,15 @@ pub(super) fn chat_completions(body: &[u8], call: u64) -> Result<Answer, Invalid
         events.push(sse(&last));
     }
     events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    let padding = PadChunk::around_mark(&sse(&chunk(delta(
+        0,
+        json!({"content": PadChunk::MARK}),
+        Value::Null,
+    ))));
     Ok(Answer::Stream(SseEvents {
         events,
         first_content: 1,
+        padding,
     }))
 }
 
@@ -242,6 +282,7 @@ pub(super) fn completions(body: &[u8], call: u64) -> Result<Answer, InvalidReque
     Ok(Answer::Stream(SseEvents {
         events,
         first_content: 0,
+        padding: None,
     }))
 }
 

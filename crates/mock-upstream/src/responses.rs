@@ -147,6 +147,7 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
         return Ok(Answer::Stream(SseEvents {
             events: events.0,
             first_content,
+            padding: None,
         }));
     }
     let done = message("completed", json!([part(&text)]));
@@ -191,6 +192,7 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
     Ok(Answer::Stream(SseEvents {
         events: events.0,
         first_content,
+        padding: None,
     }))
 }
 
