@@ -151,3 +151,68 @@ async fn a_stream_that_thinks_for_100_s_first_completes_with_keepalives() {
     assert!(plain["choices"][0]["message"]["content"].is_string());
     assert_eq!(gateway.provider.calls(), 1);
 }
+
+/// A stream that falls silent for longer than `coalesce.stream_stall_timeout`
+/// after some events ends with an error event for every reader (the owner,
+/// a follower on its instance, one on another) and is not cached: the next
+/// caller's request is a new upstream call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_falls_silent_ends_with_an_error_for_every_reader_and_is_not_cached() {
+    let redis = RedisServer::spawn().await;
+    let url = redis.url();
+    let silent = provider(MockSettings::default()).await;
+    // Every event but the last, then silence until released.
+    silent.hold_stream_ends();
+    let fleet = Fleet::start_with(silent, 2, move |config| {
+        config.coalesce.stream_stall_timeout = Duration::from_secs(2);
+        config.redis = Some(redis_at(&url));
+    })
+    .await;
+    let body = streamed(chat("say a little, then fall silent"));
+    // Three readers gathered on one flight before it starts.
+    fleet.provider.hold();
+    let readers: Vec<_> = [0, 0, 1]
+        .into_iter()
+        .map(|i| fleet.instances[i].spawn_post(PATH, &body))
+        .collect();
+    fleet.wait_for_waiters(3).await;
+    fleet.provider.release();
+    for reader in readers {
+        let reply = reader.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "the stream had begun");
+        let text = String::from_utf8_lossy(&reply.body);
+        assert!(
+            events_in(&reply.body) > 2,
+            "events came before the silence: {text}"
+        );
+        let last = text
+            .split("\n\n")
+            .filter(|event| event.starts_with("data: "))
+            .last()
+            .unwrap();
+        assert!(
+            last.contains("\"error\""),
+            "ended with an error event: {text}"
+        );
+        assert!(!text.contains("[DONE]"), "{text}");
+    }
+    assert_eq!(fleet.provider.calls(), 1);
+    fleet.provider.release_stream_ends();
+    for instance in &fleet.instances {
+        instance.wait_idle().await;
+        let usage = instance
+            .state
+            .cache
+            .usage()
+            .await
+            .expect("an in-process cache");
+        assert_eq!(usage.entries, 0, "nothing cached in process");
+    }
+    let keys: Vec<String> = redis.dump().await.into_iter().map(|(k, _)| k).collect();
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.contains(":resp:") || k.contains(":lock:")),
+        "no lock left and nothing cached: {keys:?}"
+    );
+}

@@ -253,9 +253,29 @@ async fn a_pass_through_post_is_not_retried_on_a_5xx() {
     gateway
         .provider
         .push_script(Scripted::json(500, error_body("server_error")));
+    let image = serde_json::json!({"model": "gpt-image-1", "prompt": "a corral at dawn"});
+    let reply = gateway.post("/v1/images/generations", &image).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "relayed");
+    assert_eq!(reply.json()["error"]["type"], "server_error");
+    assert_eq!(
+        gateway.provider.calls(),
+        1,
+        "one call: the provider may be drawing it"
+    );
+    // The next one is drawn, and relayed as the provider sent it.
+    let drawn = gateway.post("/v1/images/generations", &image).await;
+    assert_eq!(drawn.status, StatusCode::OK);
+    assert_eq!(
+        drawn.json()["data"][0]["revised_prompt"],
+        "a corral at dawn"
+    );
+    // A multipart upload (a transcription) is not resent either.
+    gateway
+        .provider
+        .push_script(Scripted::json(500, error_body("server_error")));
     let reply = transcribe(&gateway).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "relayed");
-    assert_eq!(gateway.provider.calls(), 1, "one call");
+    assert_eq!(gateway.provider.calls(), 3);
 }
 
 /// The breaker counts calls, not attempts: a call of three failed attempts

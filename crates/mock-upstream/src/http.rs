@@ -34,6 +34,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
         .route("/v1/audio/transcriptions", post(transcriptions))
+        .route("/v1/images/generations", post(image_generations))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/messages", post(messages))
@@ -55,6 +56,7 @@ enum Endpoint {
     Completions,
     Embeddings,
     AudioTranscriptions,
+    ImageGenerations,
     Responses,
     Messages,
     CountTokens,
@@ -98,6 +100,10 @@ async fn responses(State(shared): State<Arc<Shared>>, request: Request) -> Respo
 
 async fn transcriptions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::AudioTranscriptions, request).await
+}
+
+async fn image_generations(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::ImageGenerations, request).await
 }
 
 async fn messages(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -211,6 +217,7 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Completions => openai::completions(&body, arrival.call),
                     Endpoint::Embeddings => openai::embeddings(&body),
                     Endpoint::AudioTranscriptions => Ok(openai::transcription(&body)),
+                    Endpoint::ImageGenerations => openai::image_generation(&body),
                     Endpoint::Responses => super::responses::responses(&body, arrival.call),
                     Endpoint::Messages => anthropic::messages(&parts.headers, &body, arrival.call),
                     Endpoint::CountTokens => anthropic::count_tokens(&parts.headers, &body),

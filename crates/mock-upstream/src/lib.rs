@@ -2,7 +2,7 @@
 //! providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/models`, and `/v1/responses` in
+//! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/images/generations`, `/v1/models`, and `/v1/responses` in
 //! `responses.rs`) and the Anthropic one
 //! (`/v1/messages`, `/v1/messages/count_tokens`), answered deterministically from the request
 //! body so that identical requests get identical content and different requests differ
@@ -236,7 +236,7 @@ impl MockProvider {
     }
 
     /// Billable calls received so far (chat completions, completions, embeddings, messages,
-    /// token counts, transcriptions), counted on
+    /// token counts, transcriptions, image generations), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()

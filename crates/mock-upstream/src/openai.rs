@@ -394,6 +394,33 @@ pub(super) fn listed_model(listed: Option<&[String]>, id: &str) -> Option<Value>
         .cloned()
 }
 
+/// `POST /v1/images/generations` (OpenAI's `ImagesResponse`): `n` images (1 to 10, default
+/// 1), each a few deterministic bytes as `b64_json` with the prompt as `revised_prompt`.
+pub(super) fn image_generation(body: &[u8]) -> Result<Answer, InvalidRequest> {
+    let request = parse_object(body)?;
+    let prompt = request
+        .get("prompt")
+        .and_then(Value::as_str)
+        .ok_or_else(|| InvalidRequest::new("Missing required parameter: 'prompt'."))?;
+    let n = match request.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(n) => n
+            .as_u64()
+            .filter(|n| (1..=10).contains(n))
+            .ok_or_else(|| InvalidRequest::new("Invalid 'n': expected an integer from 1 to 10."))?,
+    };
+    let digest = short_digest(prompt);
+    let data: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({
+                "b64_json": base64_encode(format!("mock image {i} of {digest}").as_bytes()),
+                "revised_prompt": prompt,
+            })
+        })
+        .collect();
+    Ok(Answer::Json(json!({"created": now_secs(), "data": data})))
+}
+
 /// `POST /v1/audio/transcriptions`: the body is multipart (the audio file and the form
 /// fields); the "transcript" only tells how many bytes arrived.
 pub(super) fn transcription(body: &[u8]) -> Answer {

@@ -961,3 +961,38 @@ async fn request_lines_are_noted_in_order_until_a_reset() {
     );
     assert_eq!(mock.calls(), 0, "neither is billable");
 }
+
+/// `POST /v1/images/generations` answers OpenAI's `ImagesResponse` (`created`, `data[]` with
+/// `b64_json` and `revised_prompt`), `n` images, is billable and scriptable.
+#[tokio::test]
+async fn image_generations_answer_openais_images_response_and_count_as_calls() {
+    let mock = MockProvider::start(MockSettings::default()).await.unwrap();
+    let (status, body) = post_json(
+        &mock,
+        "/images/generations",
+        &json!({"model": "gpt-image-1", "prompt": "a corral at dawn", "n": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["created"].as_u64().is_some());
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    for image in data {
+        assert!(!image["b64_json"].as_str().unwrap().is_empty());
+        assert_eq!(image["revised_prompt"], "a corral at dawn");
+    }
+    let (status, body) = post_json(
+        &mock,
+        "/images/generations",
+        &json!({"model": "gpt-image-1"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(mock.calls_to("/images/generations"), 2);
+    mock.push_script(Scripted::json(
+        500,
+        r#"{"error":{"message":"boom","type":"server_error","param":null,"code":null}}"#,
+    ));
+    let (status, _) = post_json(&mock, "/images/generations", &json!({"prompt": "x"})).await;
+    assert_eq!(status, 500);
+}
