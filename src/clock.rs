@@ -16,6 +16,25 @@ use std::{
 };
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Runs `tick` every `interval` until `stop`: the first at once, and a tick
+/// that runs late delays the next rather than bunching them (the background
+/// flushes of the ledger and the budgets).
+pub async fn every<F, Fut>(interval: Duration, stop: CancellationToken, mut tick: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = ticks.tick() => tick().await,
+        }
+    }
+}
 
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Milliseconds since the Unix epoch (wall clock).

@@ -777,17 +777,11 @@ pub async fn run_flusher(
     stop: CancellationToken,
     now_ms: impl Fn() -> u64 + Send + 'static,
 ) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = ticks.tick() => {
-                // A failure is logged by the store and retried on the next tick.
-                let _ = books.flush(&*store, now_ms()).await;
-            }
-        }
-    }
+    crate::clock::every(interval, stop, || async {
+        // A failure is logged by the store and retried on the next tick.
+        let _ = books.flush(&*store, now_ms()).await;
+    })
+    .await;
 }
 
 #[cfg(test)]

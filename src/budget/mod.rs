@@ -106,6 +106,16 @@ pub struct Counter {
 }
 
 impl Counter {
+    /// The counter of `measure` for `subject` in `period`'s window at `now_ms`.
+    fn at(now_ms: u64, period: Period, subject: Subject, measure: Measure) -> Self {
+        Self {
+            period,
+            window: period.window(now_ms),
+            subject,
+            measure,
+        }
+    }
+
     /// The window's name in the store: period and start.
     pub fn window_id(period: Period, window: Window) -> String {
         format!("{period}:{}", window.start_ms)
@@ -328,14 +338,9 @@ impl Budgets {
         let now = self.clock.now_ms();
         let state = self.lock();
         let spent = |period: Period, subject: Subject, measure: Measure| {
-            let window = period.window(now);
-            let counter = Counter {
-                period,
-                window,
-                subject,
-                measure,
-            };
-            (state.counts.get(&counter).map_or(0, Count::total), window)
+            let counter = Counter::at(now, period, subject, measure);
+            let used = state.counts.get(&counter).map_or(0, Count::total);
+            (used, counter.window)
         };
         let tenant_name: Arc<str> = tenant.into();
         let upstream_name: Arc<str> = upstream.into();
@@ -414,16 +419,10 @@ impl Budgets {
         }
         let mut state = self.lock();
         for (period, subject, measure, amount) in additions {
-            let window = period.window(now);
-            let counter = Counter {
-                period,
-                window,
-                subject,
-                measure,
-            };
+            let counter = Counter::at(now, period, subject, measure);
             if !state.counts.contains_key(&counter)
                 && matches!(counter.subject, Subject::Tenant(_))
-                && tenants_in(&state, period, window) >= self.max_tenants
+                && tenants_in(&state, period, counter.window) >= self.max_tenants
             {
                 continue;
             }
@@ -449,12 +448,7 @@ impl Budgets {
                     .map(|rule| (rule, Subject::Upstream(upstream_name.clone()))),
             )
             .map(|(rule, subject)| {
-                let counter = Counter {
-                    period: rule.per,
-                    window: rule.per.window(now),
-                    subject,
-                    measure: Measure::Nanodollars,
-                };
+                let counter = Counter::at(now, rule.per, subject, Measure::Nanodollars);
                 let used = state.counts.get(&counter).map_or(0, Count::total);
                 rule.limit_nanos().unwrap_or(u64::MAX).saturating_sub(used) as f64 / 1e9
             })
@@ -646,17 +640,11 @@ fn whole_seconds(wait: Duration) -> Duration {
 
 /// Flushes `budgets` every `interval` until `stop`.
 pub async fn run_flusher(budgets: Arc<Budgets>, interval: Duration, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = ticks.tick() => {
-                // A failure is retried on the next tick (the batch stays in doubt).
-                let _ = budgets.flush().await;
-            }
-        }
-    }
+    crate::clock::every(interval, stop, || async {
+        // A failure is retried on the next tick (the batch stays in doubt).
+        let _ = budgets.flush().await;
+    })
+    .await;
 }
 
 #[cfg(test)]

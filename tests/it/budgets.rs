@@ -54,6 +54,25 @@ fn rule(tenant: Option<&str>, upstream: Option<&str>, usd: f64, per: &str) -> Bu
     }
 }
 
+/// A gateway at [`dear_prices`] with `rules`.
+async fn budgeted(rules: Vec<BudgetRule>) -> TestGateway {
+    TestGateway::start(|config| {
+        dear_prices(config);
+        config.budgets = rules;
+    })
+    .await
+}
+
+/// `key`'s caller posting `body` in a task of its own.
+fn spawn_as(gateway: &TestGateway, key: &str, body: &Value) -> tokio::task::JoinHandle<Reply> {
+    let (handle, body, auth) = (gateway.clone_handle(), body.clone(), auth(key));
+    tokio::spawn(async move {
+        handle
+            .post_with(PATH, &body, &[("authorization", auth.as_str())])
+            .await
+    })
+}
+
 fn auth(key: &str) -> String {
     format!("Bearer {key}")
 }
@@ -187,22 +206,10 @@ async fn a_tenant_over_its_daily_budget_is_refused_new_calls_and_served_everythi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_sharing_a_flight_started_before_the_limit_get_its_answer() {
-    let gateway = TestGateway::start(|config| {
-        dear_prices(config);
-        config.budgets = vec![rule(Some("*"), None, 0.01, "day")];
-    })
-    .await;
+    let gateway = budgeted(vec![rule(Some("*"), None, 0.01, "day")]).await;
     let body = chat("a's long question");
     gateway.provider.hold();
-    let owner = {
-        let handle = gateway.clone_handle();
-        let (body, auth) = (body.clone(), auth("sk-a"));
-        tokio::spawn(async move {
-            handle
-                .post_with(PATH, &body, &[("authorization", auth.as_str())])
-                .await
-        })
-    };
+    let owner = spawn_as(&gateway, "sk-a", &body);
     gateway.wait_for_calls(1).await;
     // Meanwhile A's other calls use the budget up.
     let (a, upstream) = (tenant_of(&gateway, "sk-a"), "mock".into());
@@ -210,17 +217,7 @@ async fn callers_sharing_a_flight_started_before_the_limit_get_its_answer() {
         .state
         .budgets
         .spend(&a, &upstream, Some(10_000_000_000_000), 0);
-    let followers: Vec<_> = (0..5)
-        .map(|_| {
-            let handle = gateway.clone_handle();
-            let (body, auth) = (body.clone(), auth("sk-a"));
-            tokio::spawn(async move {
-                handle
-                    .post_with(PATH, &body, &[("authorization", auth.as_str())])
-                    .await
-            })
-        })
-        .collect();
+    let followers: Vec<_> = (0..5).map(|_| spawn_as(&gateway, "sk-a", &body)).collect();
     gateway.wait_for_waiters(6).await;
     gateway.provider.release();
     let owner = owner.await.unwrap();
@@ -240,11 +237,7 @@ async fn callers_sharing_a_flight_started_before_the_limit_get_its_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_window_rolls_over_and_the_tenant_is_served_again() {
-    let gateway = TestGateway::start(|config| {
-        dear_prices(config);
-        config.budgets = vec![rule(Some("*"), None, 0.004, "5s")];
-    })
-    .await;
+    let gateway = budgeted(vec![rule(Some("*"), None, 0.004, "5s")]).await;
     let (_, refused) = spend_until_refused(&gateway, "sk-a", "in window one").await;
     let retry_after: u64 = refused.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=5).contains(&retry_after), "{retry_after}");
@@ -297,11 +290,7 @@ async fn a_token_rate_counts_billed_tokens_and_a_thousand_hits_count_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_cap_on_an_upstream_refuses_every_tenants_misses_and_serves_hits() {
-    let gateway = TestGateway::start(|config| {
-        dear_prices(config);
-        config.budgets = vec![rule(None, Some("mock"), 0.01, "month")];
-    })
-    .await;
+    let gateway = budgeted(vec![rule(None, Some("mock"), 0.01, "month")]).await;
     let cached = post_as(&gateway, "sk-b", PATH, &chat("b's cached question")).await;
     assert_eq!(cached.cache(), "MISS");
     let (_, refused) = spend_until_refused(&gateway, "sk-a", "a spends the account").await;

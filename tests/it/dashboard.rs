@@ -21,6 +21,20 @@ use crate::harness::{TestGateway, chat, count_status, embedding};
 /// Headless Chromium starts slowly on a loaded machine; bounded all the same.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Chromium, or `None` after saying the test is skipped (never in CI, where
+/// a missing browser fails the test).
+fn chromium_or_skip() -> Option<PathBuf> {
+    let found = find_chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is required in CI (.ci/run installs it)"
+        );
+        println!("SKIPPED: chromium not installed");
+    }
+    found
+}
+
 fn find_chromium() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -86,12 +100,7 @@ fn attribute(dom: &str, id: &str, attribute: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_savings_page_renders_the_figures_in_headless_chromium() {
-    let Some(browser) = find_chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is required in CI (.ci/run installs it)"
-        );
-        println!("SKIPPED: chromium not installed");
+    let Some(browser) = chromium_or_skip() else {
         return;
     };
     let gateway = TestGateway::start(|config| {
@@ -242,12 +251,7 @@ fn budget_row(dom: &str, subject: &str) -> (f64, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_savings_page_shows_each_budget_and_what_is_left_of_it() {
-    let Some(browser) = find_chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is required in CI (.ci/run installs it)"
-        );
-        println!("SKIPPED: chromium not installed");
+    let Some(browser) = chromium_or_skip() else {
         return;
     };
     let gateway = TestGateway::start(|config| {

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::super::test_support::{DEADLINE, client, post_to, start, with};
+use super::super::test_support::{DEADLINE, client, post_to, start, streamed_content, with};
 use super::StreamsAtEnd;
 
 fn streamed_chat(text: &str) -> Value {
@@ -32,13 +32,6 @@ fn chunks(body: &str) -> (Vec<Value>, bool) {
         })
         .collect();
     (chunks, done)
-}
-
-fn content(chunks: &[Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
-        .collect()
 }
 
 #[tokio::test]
@@ -80,7 +73,10 @@ async fn a_padded_stream_is_at_least_its_size_in_ordinary_content_chunks() {
     assert_eq!(usage["choices"], json!([]));
     assert!(usage["usage"]["total_tokens"].is_u64());
     // The padding goes in after the first word: the text still starts and ends as it did.
-    let (plain_text, padded_text) = (content(&plain_chunks), content(&padded_chunks));
+    let (plain_text, padded_text) = (
+        streamed_content(&plain_chunks),
+        streamed_content(&padded_chunks),
+    );
     let first_word = plain_chunks[1]["choices"][0]["delta"]["content"]
         .as_str()
         .expect("the first word");
@@ -98,7 +94,7 @@ async fn a_padded_stream_is_at_least_its_size_in_ordinary_content_chunks() {
         .text()
         .await
         .expect("body");
-    assert_eq!(content(&chunks(&again).0), plain_text);
+    assert_eq!(streamed_content(&chunks(&again).0), plain_text);
 }
 
 #[tokio::test]

@@ -40,6 +40,14 @@ pub fn with(mut body: Value, key: &str, value: Value) -> Value {
 
 /// `(event name, data)` of every event of a named-event SSE body (Responses, Anthropic), checking
 /// the framing: whole `event: <name>\ndata: <json>` frames, each name equal to its data's `type`.
+/// The text of a chat stream's content deltas (choice 0), joined.
+pub fn streamed_content(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str())
+        .collect()
+}
+
 pub fn named_events(body: &str) -> Vec<(String, Value)> {
     assert!(
         body.ends_with("\n\n"),

@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use super::openai::{canonical_json, embedding_vector, word_pieces};
-use super::test_support::{DEADLINE, body_until_cut, client, post_to, start, with};
+use super::test_support::{
+    DEADLINE, body_until_cut, client, post_to, start, streamed_content, with,
+};
 use super::{FailureMode, MockProvider, MockSettings, Scripted};
 
 async fn post(mock: &MockProvider, path: &str, body: &Value) -> reqwest::Response {
@@ -53,13 +55,6 @@ fn sse_events(body: &str) -> Vec<Value> {
                 serde_json::from_str(data).expect("a JSON chunk")
             }
         })
-        .collect()
-}
-
-fn streamed_content(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter_map(|e| e["choices"].get(0)?["delta"]["content"].as_str())
         .collect()
 }
 
