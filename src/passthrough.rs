@@ -115,7 +115,7 @@ fn check_segment(segment: &str) -> Result<(), &'static str> {
 
 /// Which `/v1/*` endpoints outside the deduplicated ones are proxied
 /// (this module). Each rule is `METHOD /v1/path-glob` or `/v1/path-glob`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct PassthroughConfig {
     /// Passed even when corral sends its own provider key (then only

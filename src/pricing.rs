@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::usage::{TokenKind, Usage};
 
 /// USD per million tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelPrice {
     /// Prompt (input) tokens.

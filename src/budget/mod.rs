@@ -48,7 +48,7 @@ const PICOS_PER_NANO: u128 = 1000;
 
 /// One budget rule from config: exactly one of `tenant` and `upstream`, a
 /// sum in USD and the window it is spent over.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetRule {
     /// An `auth.key_labels` label, a short scope as `/stats` names it, or
@@ -59,6 +59,8 @@ pub struct BudgetRule {
     #[serde(default)]
     pub upstream: Option<String>,
     pub usd: f64,
+    /// `hour`, `day`, `month` or a duration such as `30s`.
+    #[schemars(with = "String")]
     pub per: Period,
 }
 
