@@ -29,12 +29,14 @@ use std::{
 };
 
 use futures::{FutureExt as _, StreamExt, future::BoxFuture, stream::FuturesUnordered};
-use rand::Rng;
 use redis::{PushInfo, PushKind, Value, cluster::ClusterClient, cluster_async::ClusterConnection};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::Keys;
+use super::{
+    Keys,
+    connection::{reconnect_delays, wait_to_reconnect},
+};
 use crate::fingerprint::Fingerprint;
 
 /// The local followers' interests, by fingerprint, and what the subscriber
@@ -435,14 +437,14 @@ pub async fn run_subscriber(
     stop: CancellationToken,
 ) {
     let timeout = op_timeout.max(Duration::from_millis(500));
-    let mut backoff = Duration::from_millis(50);
+    let mut delays = reconnect_delays();
     loop {
         let connected = tokio::select! {
             _ = stop.cancelled() => return,
             connected = tokio::time::timeout(timeout, Link::connect(&target, &keys, timeout)) => connected,
         };
         if let Ok(Ok((link, events))) = connected {
-            backoff = Duration::from_millis(50);
+            delays = reconnect_delays();
             dispatch.subscribed.send_replace(true);
             tracing::debug!("announcement subscriber connected");
             if serve(&link, events, &keys, &dispatch, timeout, &stop)
@@ -458,12 +460,9 @@ pub async fn run_subscriber(
         }
         // What changed meanwhile is read afresh from the interests on the next connection.
         let _ = dispatch.take_dirty();
-        let jittered = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(jittered) => {}
+        if !wait_to_reconnect(&mut delays, &stop).await {
+            return;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 

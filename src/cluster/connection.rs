@@ -10,7 +10,6 @@ use redis::{
 };
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -72,13 +71,40 @@ impl std::fmt::Debug for LazyConn {
     }
 }
 
+/// How the connector and the announcement subscriber space their attempts
+/// to reach Redis: from 50 ms, doubling up to 2 s, jittered (so a fleet that
+/// lost Redis together does not come back in step); begun afresh after a
+/// success.
+pub(super) fn reconnect_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(2))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// Waits out the next of `delays`; false when `stop` came first.
+pub(super) async fn wait_to_reconnect(
+    delays: &mut impl Iterator<Item = Duration>,
+    stop: &CancellationToken,
+) -> bool {
+    let delay = delays.next().unwrap_or(Duration::from_secs(2));
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
 impl LazyConn {
     /// Starts connecting; retries with backoff and jitter until it succeeds or `stop`.
     pub fn start(config: RedisConfig, stop: CancellationToken) -> Self {
         let conn = watch::Sender::new(None);
         let publish = conn.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(50);
+            let mut delays = reconnect_delays();
             loop {
                 let attempt = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -91,12 +117,9 @@ impl LazyConn {
                     }
                     Err(err) => tracing::debug!(error = %err, "redis not reachable yet"),
                 }
-                let jittered = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(jittered) => {}
+                if !wait_to_reconnect(&mut delays, &stop).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         });
         Self { conn }

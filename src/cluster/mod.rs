@@ -10,7 +10,9 @@
 mod announce;
 mod budget;
 mod connection;
+mod keys;
 mod ledger;
+mod lock;
 mod mirror;
 mod purge;
 mod tiered;
@@ -25,11 +27,11 @@ use std::{
 };
 
 use futures::{
-    FutureExt as _, StreamExt as _,
+    FutureExt as _,
     future::{BoxFuture, Shared},
 };
 use rand::Rng;
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +39,9 @@ pub use announce::{AnnounceCounts, Interest};
 use announce::{Dispatch, Target, Wake, run_subscriber};
 pub use budget::{RedisBudgets, budget_key_prefix};
 use connection::LazyConn;
+pub use keys::Keys;
 pub use ledger::{RedisLedger, ledger_key};
+pub use lock::{Lease, LockAttempt};
 pub use purge::{RedisPurges, purge_key};
 pub use tiered::TieredStore;
 
@@ -56,24 +60,6 @@ use crate::{
     metrics::Metrics,
 };
 
-/// Takes the lock unless held; returns the holder's token when held.
-const TRY_LOCK: &str = r"
-local current = redis.call('GET', KEYS[1])
-if current then return current end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return false
-";
-/// Deletes the lock only if we still hold it: never another owner's lease.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-";
-/// Extends the lease only if we still hold it.
-const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-";
-
 /// How long a successful flight's record stays readable for followers.
 const SUCCESS_RECORD_TTL: Duration = Duration::from_secs(10);
 
@@ -85,19 +71,6 @@ pub struct Unavailable;
 /// A Redis read of an entry that several callers await.
 type SharedRead = Shared<BoxFuture<'static, Result<Option<Arc<Entry>>, Unavailable>>>;
 
-/// A held owner lock.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    pub key: CacheKey,
-    pub token: String,
-}
-
-pub enum LockAttempt {
-    Acquired(Lease),
-    /// Another owner holds it, with this token.
-    Held(String),
-}
-
 /// How a remote follow ended.
 pub enum Follow {
     /// The owner's record.
@@ -108,82 +81,9 @@ pub enum Follow {
     TimedOut,
 }
 
-/// The Redis key layout; every key of one fingerprint carries the hash tag
-/// `{fp}`, so its entry, lock and record live in one cluster slot.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    prefix: String,
-}
-
-impl Keys {
-    pub fn new(prefix: &str) -> Self {
-        Self {
-            prefix: prefix.to_owned(),
-        }
-    }
-
-    fn key(&self, key: &CacheKey, kind: &str) -> String {
-        format!(
-            "{}:v1:{}:{kind}:{{{}}}",
-            self.prefix,
-            key.scope.as_str(),
-            key.fingerprint.hex()
-        )
-    }
-
-    pub fn entry(&self, key: &CacheKey) -> String {
-        self.key(key, "resp")
-    }
-
-    pub fn lock(&self, key: &CacheKey) -> String {
-        self.key(key, "lock")
-    }
-
-    pub fn record(&self, key: &CacheKey) -> String {
-        self.key(key, "flight")
-    }
-
-    /// A completed answer kept for the client's retries (`retry_window.rs`).
-    pub fn retained(&self, key: &CacheKey) -> String {
-        self.key(key, "retry")
-    }
-
-    /// The fingerprint an idempotency key is bound to; the key's hash is its hash tag.
-    pub fn idempotency(&self, key: &IdempotencyKey) -> String {
-        format!(
-            "{}:v1:{}:idem:{{{}}}",
-            self.prefix,
-            key.tenant.as_str(),
-            key.hex()
-        )
-    }
-
-    /// The owner's live event log, mirrored for followers on other instances.
-    pub fn events(&self, key: &CacheKey, token: &str) -> String {
-        format!("{}:{token}", self.key(key, "events"))
-    }
-
-    /// The heartbeat of an owner's mirrored stream's readers on other
-    /// instances, kept while any of them still reads it.
-    pub fn readers(&self, key: &CacheKey, token: &str) -> String {
-        format!("{}:{token}", self.key(key, "readers"))
-    }
-
-    /// The channel announcing that `fingerprint`'s flight is done. Its hash
-    /// tag is the fingerprint's, so in Redis Cluster the sharded channel lives
-    /// on the node that holds the flight's lock and record.
-    pub fn done_channel(&self, fingerprint: &Fingerprint) -> String {
-        format!("{}:v1:done:{{{}}}", self.prefix, fingerprint.hex())
-    }
-
-    /// The fingerprint a [`done_channel`](Self::done_channel) announces.
-    pub fn fingerprint_of_channel(&self, channel: &[u8]) -> Option<Fingerprint> {
-        let rest = channel.strip_prefix(self.prefix.as_bytes())?;
-        let hex = rest.strip_prefix(b":v1:done:{")?.strip_suffix(b"}")?;
-        Fingerprint::from_hex(std::str::from_utf8(hex).ok()?)
-    }
-}
-
+/// One instance's Redis: a connection under a deadline and a breaker (fail
+/// open), the key layout, the subscriber that wakes remote followers, and the
+/// sealing of values. Its owner lock is `lock.rs`, its key layout `keys.rs`.
 #[derive(Debug)]
 pub struct Cluster {
     conn: LazyConn,
@@ -521,7 +421,7 @@ impl Cluster {
         let query = name.clone();
         let bound: Option<Vec<u8>> = self
             .run("bind idempotency key", |mut conn| async move {
-                Script::new(TRY_LOCK)
+                lock::TRY_LOCK_SCRIPT
                     .key(query)
                     .arg(value)
                     .arg(ttl_ms)
@@ -613,78 +513,6 @@ impl Cluster {
         .await
     }
 
-    pub fn new_token(&self) -> String {
-        format!("{}-{:032x}", self.instance, rand::rng().random::<u128>())
-    }
-
-    pub async fn try_lock(&self, key: &CacheKey) -> Result<LockAttempt, Unavailable> {
-        let token = self.new_token();
-        let name = self.keys.lock(key);
-        let ttl = self.config.lock_ttl.as_millis() as u64;
-        let arg = token.clone();
-        let holder: Option<String> = self
-            .run("lock", |mut conn| async move {
-                Script::new(TRY_LOCK)
-                    .key(name)
-                    .arg(arg)
-                    .arg(ttl)
-                    .invoke_async(&mut conn)
-                    .await
-            })
-            .await?;
-        Ok(match holder {
-            None => LockAttempt::Acquired(Lease {
-                key: key.clone(),
-                token,
-            }),
-            Some(holder) => LockAttempt::Held(holder),
-        })
-    }
-
-    /// The current holder's token, if any.
-    pub async fn lock_holder(&self, key: &CacheKey) -> Result<Option<String>, Unavailable> {
-        let name = self.keys.lock(key);
-        self.run(
-            "lock holder",
-            |mut conn| async move { conn.get(name).await },
-        )
-        .await
-    }
-
-    /// Extends the lease; false when it is no longer ours.
-    pub async fn extend(&self, lease: &Lease) -> Result<bool, Unavailable> {
-        let name = self.keys.lock(&lease.key);
-        let token = lease.token.clone();
-        let ttl = self.config.lock_ttl.as_millis() as u64;
-        let extended: i64 = self
-            .run("extend lock", |mut conn| async move {
-                Script::new(EXTEND)
-                    .key(name)
-                    .arg(token)
-                    .arg(ttl)
-                    .invoke_async(&mut conn)
-                    .await
-            })
-            .await?;
-        Ok(extended == 1)
-    }
-
-    /// Releases the lease; false when it was no longer ours (left intact).
-    pub async fn release(&self, lease: &Lease) -> Result<bool, Unavailable> {
-        let name = self.keys.lock(&lease.key);
-        let token = lease.token.clone();
-        let released: i64 = self
-            .run("release lock", |mut conn| async move {
-                Script::new(RELEASE)
-                    .key(name)
-                    .arg(token)
-                    .invoke_async(&mut conn)
-                    .await
-            })
-            .await?;
-        Ok(released == 1)
-    }
-
     /// Announces that `key`'s flight is done, on the fingerprint's own
     /// channel: only instances whose followers wait on it hear it. Sharded
     /// (`SPUBLISH`) in Redis Cluster, so the message stays on one shard.
@@ -707,72 +535,6 @@ impl Cluster {
         self.published.fetch_add(1, Ordering::Relaxed);
         self.delivered.fetch_add(receivers, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Keeps the lease alive while `work` runs: extends every third of the
-    /// lock TTL, so a slow provider never lets a second owner in.
-    pub async fn holding<T>(&self, lease: &Lease, work: impl Future<Output = T>) -> T {
-        let period = self.config.lock_ttl / 3;
-        let keep_alive = async {
-            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
-            loop {
-                ticks.tick().await;
-                if let Ok(false) = self.extend(lease).await {
-                    tracing::warn!("lost the owner lease while the upstream call ran");
-                    // Nothing left to extend; the work itself goes on.
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::select! {
-            output = work => output,
-            never = keep_alive => never,
-        }
-    }
-
-    /// As [`holding`](Self::holding), for the many leases of a batch flight
-    /// (one per item): every third of the lock TTL, each lease still ours is
-    /// extended, a few at a time.
-    pub async fn holding_all<T>(
-        self: &Arc<Self>,
-        leases: &[Lease],
-        work: impl Future<Output = T>,
-    ) -> T {
-        if leases.is_empty() {
-            return work.await;
-        }
-        let period = self.config.lock_ttl / 3;
-        let leases: Vec<Lease> = leases.to_vec();
-        let keep_alive = async {
-            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
-            let mut held: Vec<Lease> = leases;
-            loop {
-                ticks.tick().await;
-                let extended: Vec<(Lease, Result<bool, Unavailable>)> =
-                    futures::stream::iter(std::mem::take(&mut held))
-                        .map(|lease| {
-                            let cluster = self.clone();
-                            async move {
-                                let extended = cluster.extend(&lease).await;
-                                (lease, extended)
-                            }
-                        })
-                        .buffer_unordered(32)
-                        .collect()
-                        .await;
-                for (lease, result) in extended {
-                    if let Ok(false) = result {
-                        tracing::warn!("lost an item's owner lease while the upstream call ran");
-                    } else {
-                        held.push(lease);
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            output = work => output,
-            never = keep_alive => never,
-        }
     }
 
     /// Waits as a remote follower for the flight of the owner holding
