@@ -479,6 +479,12 @@ impl GatewayError {
         (status, headers, body).into_response()
     }
 
+    /// As `to_response_as`, for one of the callers a failed flight answers:
+    /// the flight logged its failure once (`coalesce`), not once a waiter.
+    pub fn shared_response_as(&self, shape: ErrorShape) -> Response {
+        self.parts_as(shape).into_response()
+    }
+
     /// Status, headers and body of the error response, synchronously: a
     /// flight's error is also recorded in Redis for followers on other instances.
     pub fn parts(&self) -> (StatusCode, HeaderMap, Bytes) {

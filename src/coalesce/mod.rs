@@ -484,6 +484,12 @@ impl Coalescer {
         let publisher = guard.stream_publisher().with_live(live);
         let flight = async move {
             let outcome = run_flight(&context, &key, policy, loader, publisher).await;
+            // Once a flight, however many callers its error answers.
+            if let Err(error) = &outcome
+                && error.status().is_server_error()
+            {
+                tracing::warn!(error = %error, source = ?std::error::Error::source(&**error), "flight failed");
+            }
             guard.complete(outcome);
         }
         .instrument(span);

@@ -262,7 +262,7 @@ async fn serve_parsed(
                 );
                 response
             }
-            Err(error) => error.to_response_as(request.wire.error_shape()),
+            Err(error) => error.shared_response_as(request.wire.error_shape()),
         };
         response
             .headers_mut()
@@ -401,7 +401,7 @@ fn complete_response(
             response
         }
         Err(error) => {
-            let mut response = error.to_response_as(wire.error_shape());
+            let mut response = error.shared_response_as(wire.error_shape());
             response
                 .headers_mut()
                 .insert(FINGERPRINT_HEADER_NAME, fingerprint.clone());
@@ -500,7 +500,7 @@ async fn serve_stream(
         }
         Err(error) => {
             release_key_of_failed(&app, &request, true).await;
-            let mut response = error.to_response_as(wire.error_shape());
+            let mut response = error.shared_response_as(wire.error_shape());
             response.headers_mut().insert(
                 FINGERPRINT_HEADER_NAME,
                 header_value(&request.fingerprint.hex()),

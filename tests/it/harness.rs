@@ -734,3 +734,45 @@ pub async fn head_only(
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     (status, body)
 }
+
+/// Sends each event logged on this thread whose fields mention one of
+/// `needles`, as text, to a channel.
+struct LogEvents {
+    needles: Vec<&'static str>,
+    sender: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={value:?} ", field.name()));
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        if self.needles.iter().any(|needle| fields.0.contains(needle)) {
+            let _ = self.sender.send(fields.0);
+        }
+    }
+}
+
+/// The events logged on this thread that mention one of `needles`, for as
+/// long as the guard lives. For a `current_thread` test: the gateway then
+/// runs on the test's thread, and logs there.
+pub fn capture_logs(
+    needles: &[&'static str],
+) -> (
+    tracing::subscriber::DefaultGuard,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+    let layer = LogEvents {
+        needles: needles.to_vec(),
+        sender,
+    };
+    let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    (guard, events)
+}

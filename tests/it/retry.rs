@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 
 use corral::breaker::BreakerState;
 
-use crate::harness::{Reply, TestGateway, WAIT, chat};
+use crate::harness::{Reply, TestGateway, WAIT, capture_logs, chat};
 
 const PATH: &str = "/v1/chat/completions";
 
@@ -327,25 +327,6 @@ async fn transcribe(gateway: &TestGateway) -> Reply {
         .await
 }
 
-/// Sends each `retrying upstream` event's fields, as text, to a channel.
-struct RetryEvents(tokio::sync::mpsc::UnboundedSender<String>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RetryEvents {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Fields(String);
-        impl tracing::field::Visit for Fields {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={value:?} ", field.name()));
-            }
-        }
-        let mut fields = Fields(String::new());
-        event.record(&mut fields);
-        if fields.0.contains("retrying upstream") {
-            let _ = self.0.send(fields.0);
-        }
-    }
-}
-
 /// The provider's port refuses the first connection (a socket bound there
 /// but not listening yet), then listens: `GET /v1/models` is answered, and
 /// only the retry reached the provider. One thread runs the gateway and the
@@ -353,8 +334,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RetryEvents {
 /// subscriber) is what tells the test to start listening.
 #[tokio::test(flavor = "current_thread")]
 async fn a_model_list_is_retried_after_a_connect_error() {
-    use tracing_subscriber::layer::SubscriberExt as _;
-
     let port = tokio::net::TcpSocket::new_v4().unwrap();
     port.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let address = port.local_addr().unwrap();
@@ -369,9 +348,7 @@ async fn a_model_list_is_retried_after_a_connect_error() {
         config.retry.max_delay = Duration::from_millis(400);
     })
     .await;
-    let (events, mut retried) = tokio::sync::mpsc::unbounded_channel();
-    let _subscriber =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(RetryEvents(events)));
+    let (_subscriber, mut retried) = capture_logs(&["retrying upstream"]);
 
     let (client, url) = (gateway.client.clone(), format!("{}/v1/models", gateway.url));
     let listing = tokio::spawn(async move {
@@ -425,4 +402,27 @@ async fn a_model_list_is_retried_after_a_connect_error() {
         1,
         "the refused attempt never connected"
     );
+}
+
+/// A flight that fails answers every caller that waited on it, and logs its
+/// failure once, not once a caller.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failed_flight_is_logged_once_whatever_its_callers() {
+    let gateway = TestGateway::start(|config| config.retry.max_attempts = 1).await;
+    gateway.provider.set_failure(Some(FailureMode::always(500)));
+    let (_subscriber, mut logged) = capture_logs(&["flight failed", "request failed"]);
+    let replies = gateway.herd(PATH, &chat("fail for everyone"), 5, &[]).await;
+    assert!(
+        replies
+            .iter()
+            .all(|reply| reply.status == StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(gateway.provider.calls(), 1);
+    drop(_subscriber);
+    let mut lines = Vec::new();
+    while let Ok(line) = logged.try_recv() {
+        lines.push(line);
+    }
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("flight failed"), "{lines:#?}");
 }
