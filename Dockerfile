@@ -5,6 +5,8 @@
 FROM rust:1.95-slim-bookworm AS source
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# jemalloc's built-in options (background purging) are set here.
+COPY .cargo ./.cargo
 COPY src ./src
 COPY crates ./crates
 COPY assets ./assets

@@ -16,19 +16,12 @@ use corral::{AppState, Config, config::EMBEDDED_DEFAULT};
 /// BENCHMARKS.md ("Memory that follows the bytes held") against glibc; the
 /// hit path's throughput did not change (mimalloc was tried before and cost
 /// the miss path its tail). The binary sets it, not the library: an embedder
-/// chooses its own allocator.
+/// chooses its own allocator. Its options are built in (`.cargo/config.toml`,
+/// `JEMALLOC_SYS_WITH_MALLOC_CONF`: background purging, `dirty_decay_ms:1000`,
+/// `muzzy_decay_ms:0`); `_RJEM_MALLOC_CONF` at run time overrides them.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's options, read once at its start (`_RJEM_MALLOC_CONF` in the
-/// environment overrides them): purge a freed page after one second unused,
-/// from a background thread.
-#[cfg(not(target_env = "msvc"))]
-#[allow(non_upper_case_globals)]
-#[unsafe(export_name = "_rjem_malloc_conf")]
-pub static malloc_conf: &[u8; 60] =
-    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 #[derive(Parser)]
 #[command(

@@ -8,6 +8,7 @@ mod redis_server;
 
 mod abandoned;
 mod agents;
+mod allocator;
 mod announce;
 mod anthropic;
 mod anthropic_sdk;
