@@ -15,7 +15,6 @@ COPY prompts ./prompts
 COPY config.yaml ./
 # Targets Cargo.toml names must exist for the manifest to parse.
 COPY tests ./tests
-COPY benches ./benches
 
 FROM source AS build
 # jemalloc (the gateway's allocator) is built from C source: its build runs make.

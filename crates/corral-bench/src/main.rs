@@ -93,7 +93,7 @@ struct SuiteArgs {
     /// Where corral, mock-upstream and bench-baseline are.
     #[arg(long, default_value = "target/release")]
     bin_dir: PathBuf,
-    #[arg(long, default_value = "bench/results")]
+    #[arg(long, default_value = "crates/corral-bench/results")]
     out: PathBuf,
     #[arg(long, default_value = "prompts/corpus.jsonl")]
     corpus: PathBuf,
@@ -111,7 +111,7 @@ struct SuiteArgs {
     /// Also run a peer gateway (litellm).
     #[arg(long = "peer")]
     peers: Vec<String>,
-    #[arg(long, default_value = "bench/.venv-litellm/bin/litellm")]
+    #[arg(long, default_value = "crates/corral-bench/.venv-litellm/bin/litellm")]
     litellm: PathBuf,
     #[arg(long, default_value = "redis-server")]
     redis_server: String,

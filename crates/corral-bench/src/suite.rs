@@ -497,7 +497,7 @@ fn ensure_files(connections: usize) -> anyhow::Result<()> {
     match open_files_limit() {
         Some(limit) if limit < needed => bail!(
             "{connections} connections need `ulimit -n` of at least {needed} (it is {limit}); \
-             bench/run raises it to the hard limit"
+             crates/corral-bench/run raises it to the hard limit"
         ),
         _ => Ok(()),
     }
@@ -1285,7 +1285,7 @@ impl Bench {
         let Some(means) = criterion_means(&self.options.criterion_dir.join(name))? else {
             return Ok(ScenarioResult::not_available(
                 name,
-                "no criterion results (run `cargo bench --bench fingerprint`; bench/run does)",
+                "no criterion results (run `cargo bench --bench fingerprint`; crates/corral-bench/run does)",
             ));
         };
         let mut result = ScenarioResult::new(name);
@@ -1364,7 +1364,7 @@ impl Bench {
         else {
             return Ok(ScenarioResult::not_available(
                 name,
-                "no criterion results (run `cargo bench --bench hit_path`; bench/run does)",
+                "no criterion results (run `cargo bench --bench hit_path`; crates/corral-bench/run does)",
             ));
         };
         let mut result = ScenarioResult::new(name);
@@ -1388,7 +1388,7 @@ impl Bench {
             return Ok(ScenarioResult::not_available(
                 name,
                 format!(
-                    "{} is not installed (bench/run --peer litellm installs pip `litellm[proxy]` into bench/.venv-litellm)",
+                    "{} is not installed (crates/corral-bench/run --peer litellm installs pip `litellm[proxy]` into crates/corral-bench/.venv-litellm)",
                     litellm.display()
                 ),
             ));
