@@ -153,3 +153,150 @@ fn the_gateways_modules_have_no_cycle() {
         "module edges on a cycle: {cycles:?}\nthe graph:\n{drawn}"
     );
 }
+
+/// The graph ARCHITECTURE.md draws, as edges.
+fn drawn_in_architecture(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let block = text
+        .split("```text\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("ARCHITECTURE.md draws the module graph in a text block");
+    block
+        .lines()
+        .filter_map(|line| {
+            let (from, to) = line.split_once("->")?;
+            let to = to
+                .split(',')
+                .map(|name| name.trim().to_owned())
+                .filter(|name| !name.is_empty())
+                .collect();
+            Some((from.trim().to_owned(), to))
+        })
+        .collect()
+}
+
+/// The rules ARCHITECTURE.md states hold in the code, the graph it draws is
+/// the code's, and every source file it names exists.
+#[test]
+fn the_architecture_document_is_true() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let edges = graph(&root.join("src"));
+    let depends = |from: &str, to: &str| edges.get(from).is_some_and(|t| t.contains(to));
+    for leaf in [
+        "tenant",
+        "cache_status",
+        "usage",
+        "error",
+        "clock",
+        "crypto",
+        "held_body",
+    ] {
+        assert!(
+            edges.get(leaf).is_some_and(BTreeSet::is_empty),
+            "{leaf} is a leaf: {:?}",
+            edges.get(leaf)
+        );
+    }
+    for (from, to, rule) in [
+        ("cache", "cluster", "storage knows nothing of Redis"),
+        ("cache", "coalesce", "storage knows nothing of flights"),
+        ("metrics", "coalesce", "the metrics sink knows no flights"),
+        ("metrics", "dedup", "the metrics sink knows no flights"),
+        (
+            "fingerprint",
+            "config",
+            "the key derivation knows no config type",
+        ),
+        (
+            "api",
+            "server",
+            "the edge knows the router, not the other way round",
+        ),
+        (
+            "sse",
+            "wire",
+            "the stream machinery knows formats only through StreamFormat",
+        ),
+        (
+            "cluster",
+            "wire",
+            "the cluster relay knows formats only through StreamFormat",
+        ),
+        ("budget", "config", "budgets know no config type"),
+        ("budget", "metrics", "budgets know no metrics type"),
+        (
+            "api",
+            "cache",
+            "api/ calls one domain function, never the cache",
+        ),
+        (
+            "api",
+            "coalesce",
+            "api/ calls one domain function, never the coalescer",
+        ),
+    ] {
+        assert!(!depends(from, to), "{from} -> {to}: {rule}");
+    }
+
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let drawn = drawn_in_architecture(&text);
+    let real: BTreeMap<String, BTreeSet<String>> = edges
+        .iter()
+        .filter(|(_, to)| !to.is_empty())
+        .map(|(from, to)| (from.clone(), to.clone()))
+        .collect();
+    assert_eq!(drawn, real, "ARCHITECTURE.md's module graph is the code's");
+
+    // Every `path.rs` (or `folder/`) it names in backticks is a file of the
+    // repository (named from its folder, so a trailing match).
+    let mut files: Vec<String> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_dir())
+        .map(|path| format!("{}/", path.file_name().unwrap().to_string_lossy()))
+        .collect();
+    let mut dirs: Vec<_> = ["src", "crates", "tests", "deploy"]
+        .map(|d| root.join(d))
+        .into();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                files.push(format!("{relative}/"));
+                dirs.push(path);
+            } else {
+                files.push(relative);
+            }
+        }
+    }
+    let named: BTreeSet<&str> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|token| {
+            (token.ends_with(".rs") || token.ends_with('/'))
+                && !token.starts_with('/')
+                && token
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c))
+        })
+        .collect();
+    assert!(named.len() > 30, "{named:?}");
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|name| {
+            !files
+                .iter()
+                .any(|file| file == *name || file.ends_with(&format!("/{name}")))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names files that do not exist: {missing:?}"
+    );
+}
