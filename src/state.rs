@@ -58,8 +58,8 @@ pub struct AppState {
     pub tasks: TaskTracker,
     /// Gateway keys and the keyed tenant scope.
     pub auth: Auth,
-    /// Which pass-through endpoints are proxied (`passthrough.rs`).
-    pub passthrough: Policy,
+    /// Which pass-through endpoints are proxied (`passthrough/`).
+    pub passthrough_policy: Policy,
     /// Per-tenant rate and the global cap on requests served at once.
     pub limits: Limits,
     /// Spend budgets and the per-tenant token rate, checked before a new upstream call.
@@ -94,6 +94,18 @@ impl AppState {
         match &self.ledger {
             Some(store) => self.metrics.books().flush(&**store, unix_ms()).await,
             None => Ok(()),
+        }
+    }
+
+    /// The pass-through, with what it needs of this gateway.
+    pub fn passthrough(&self) -> crate::passthrough::Passthrough<'_> {
+        crate::passthrough::Passthrough {
+            upstream: &self.upstream,
+            routes: &self.routes,
+            policy: &self.passthrough_policy,
+            upstreams: &self.config.upstreams,
+            stream_stall_timeout: self.config.coalesce.stream_stall_timeout,
+            cut_upstream: &self.cut_upstream,
         }
     }
 
@@ -239,8 +251,7 @@ impl AppState {
                 cut_upstream.clone(),
             )?,
             auth: Auth::new(&config),
-            passthrough: Policy::new(&config.passthrough)
-                .map_err(|(key, message)| anyhow::anyhow!("config key `{key}`: {message}"))?,
+            passthrough_policy: Policy::new(&config.passthrough),
             limits: Limits::new(&config, clock.clone()),
             budgets,
             cut_upstream,

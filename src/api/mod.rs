@@ -6,7 +6,6 @@ mod chat;
 mod dashboard;
 mod health;
 pub mod metrics;
-mod models;
 pub mod pipeline;
 mod proxy;
 mod stats;

@@ -12,6 +12,7 @@
 mod books;
 mod cache;
 mod env;
+mod passthrough;
 mod protection;
 mod redis;
 mod secrets;
@@ -20,10 +21,10 @@ mod upstream;
 mod validate;
 
 pub use crate::budget::{BudgetRule, Period};
-pub use crate::passthrough::PassthroughConfig;
 pub use crate::pricing::ModelPrice;
 pub use books::{LedgerConfig, OTHER_MODEL, PriceTable, PricingConfig};
 pub use cache::{CacheConfig, CacheScope, CoalesceConfig, OnWaitTimeout, RetryConfig};
+pub use passthrough::{PassRule, PassthroughConfig};
 pub use protection::{
     AuthConfig, LimitsConfig, RateConfig, ServerConfig, ShutdownConfig, TenantLimitsConfig,
 };

@@ -188,8 +188,6 @@ impl Config {
                 ),
             ));
         }
-        crate::passthrough::Policy::new(&self.passthrough)
-            .map_err(|(key, message)| ConfigError::key(key, message))?;
         Ok(())
     }
 

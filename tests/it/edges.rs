@@ -133,7 +133,7 @@ async fn files_are_refused_with_a_shared_key_until_the_policy_allows_them() {
 
     let allowed = TestGateway::start(|config| {
         with_shared_key(config);
-        config.passthrough.allow = vec!["POST /v1/files".into()];
+        config.passthrough.allow = vec![corral::config::PassRule::parse("POST /v1/files").unwrap()];
     })
     .await;
     let reply = post_file(&allowed).await;
@@ -146,7 +146,7 @@ async fn files_are_refused_with_a_shared_key_until_the_policy_allows_them() {
 #[tokio::test]
 async fn policy_rules_see_the_decoded_path() {
     let gateway = TestGateway::start(|config| {
-        config.passthrough.deny = vec!["GET /v1/files*".into()];
+        config.passthrough.deny = vec![corral::config::PassRule::parse("GET /v1/files*").unwrap()];
     })
     .await;
     for path in [

@@ -226,7 +226,8 @@ async fn stored_responses_need_the_policy_with_corrals_own_key() {
     );
     let allowed = TestGateway::start(|config| {
         shared_key(config);
-        config.passthrough.allow = vec!["GET /v1/responses/*".into()];
+        config.passthrough.allow =
+            vec![corral::config::PassRule::parse("GET /v1/responses/*").unwrap()];
     })
     .await;
     let reply = allowed.get("/v1/responses/resp_1").await;
