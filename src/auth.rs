@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::{config::Config, error::GatewayError, tenant::TenantScope};
 
-pub use crate::tenant::{TenantKey, key_hash};
+use crate::tenant::{TenantKey, key_hash};
 
 /// The token of `Bearer <token>` (scheme case-insensitive, RFC 9110), else
 /// the whole value; `Bearer` with no token is empty (no credential).

@@ -10,7 +10,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-pub use crate::tenant::TenantScope;
+use crate::tenant::TenantScope;
 
 /// Bumped whenever the canonical form changes, so old keys can never alias new ones.
 /// v2: upstreams are keyed by their identity (API and base URL), not their name.

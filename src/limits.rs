@@ -40,7 +40,7 @@ use crate::{
     clock::Clock,
     config::{Config, RateConfig, TenantLimitsConfig},
     error::GatewayError,
-    fingerprint::TenantScope,
+    tenant::TenantScope,
 };
 
 /// How many tenant checks pass between two sweeps of idle tenants' state.

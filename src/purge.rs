@@ -345,7 +345,7 @@ fn retention(config: &Config) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{clock::ManualClock, fingerprint::TenantScope};
+    use crate::{clock::ManualClock, tenant::TenantScope};
 
     fn fingerprint(n: u8) -> Fingerprint {
         Fingerprint::from_hex(&hex::encode([n; 32])).unwrap()

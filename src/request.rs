@@ -9,13 +9,14 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::{
-    auth::{self, TenantKey},
+    auth,
     config::{Api, CacheConfig, CacheScope, LimitsConfig},
     error::GatewayError,
     fingerprint::{
-        Endpoint, Fingerprint, IdempotencyKey, KeyInput, LabelFields, Normalization, TenantScope,
+        Endpoint, Fingerprint, IdempotencyKey, KeyInput, LabelFields, Normalization,
         canonical_body_with,
     },
+    tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
     wire::{self, Echo, Wire},

@@ -233,7 +233,7 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::*;
-    use crate::{clock::ManualClock, fingerprint::TenantScope};
+    use crate::{clock::ManualClock, tenant::TenantScope};
 
     fn key(body: &[u8]) -> CacheKey {
         CacheKey::for_tests(TenantScope::from_stored("t1"), body)

@@ -32,11 +32,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    auth::{bearer_token, key_hash},
-    error::GatewayError,
-    fingerprint::Fingerprint,
-    purge::PurgeScope,
-    state::AppState,
+    auth::bearer_token, error::GatewayError, fingerprint::Fingerprint, purge::PurgeScope,
+    state::AppState, tenant::key_hash,
 };
 
 /// A purge body is a few dozen bytes; anything near this is not one.

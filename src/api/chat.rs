@@ -78,7 +78,7 @@ async fn read_and_serve(
         Some(caller) => caller,
         None => Caller {
             request_id: headers
-                .get(super::pipeline::REQUEST_ID_HEADER)
+                .get(crate::dedup::REQUEST_ID_HEADER)
                 .cloned()
                 .unwrap_or_else(|| HeaderValue::from_static("-")),
             tenant: app.auth.authenticate(&headers)?,

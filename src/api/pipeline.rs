@@ -47,8 +47,6 @@ use crate::{
     traces,
 };
 
-pub use crate::dedup::REQUEST_ID_HEADER;
-
 /// Longest caller-chosen request id kept; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
@@ -408,6 +406,7 @@ async fn whole<B: axum::body::HttpBody<Data = Bytes>>(body: B) -> Result<Bytes, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dedup::REQUEST_ID_HEADER;
 
     fn with_id(id: &[u8]) -> Request {
         Request::builder()

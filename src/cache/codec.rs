@@ -303,7 +303,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::fingerprint::TenantScope;
+    use crate::tenant::TenantScope;
 
     fn key(scope: &str, body: &[u8]) -> CacheKey {
         CacheKey::for_tests(TenantScope::from_stored(scope), body)

@@ -131,7 +131,10 @@ impl CacheStore for MemoryStore {
 mod tests {
     use super::*;
     use crate::cache::StoredResponse;
-    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
+    use crate::{
+        fingerprint::{Endpoint, KeyInput},
+        tenant::TenantScope,
+    };
     use axum::http::StatusCode;
     use bytes::Bytes;
 

@@ -15,7 +15,7 @@ pub use freshness::{Freshness, TtlPolicy, should_refresh_early};
 pub use memory::{ENTRY_OVERHEAD_BYTES, MemoryStore, entry_weight};
 
 use crate::fingerprint::CacheKey;
-pub use crate::usage::Usage;
+use crate::usage::Usage;
 
 /// A complete upstream response, shared by every caller it answers: the body is
 /// reference-counted bytes, never copied per caller.

@@ -631,7 +631,7 @@ fn is_connectivity(err: &redis::RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::TenantScope;
+    use crate::tenant::TenantScope;
 
     #[test]
     fn keys_carry_the_tenant_and_one_hash_tag() {

@@ -37,11 +37,12 @@ use super::{
     Waited, fresh_entry,
 };
 use crate::{
-    cache::{Entry, Freshness, StoredResponse, Usage, codec::FlightRecord},
+    cache::{Entry, Freshness, StoredResponse, codec::FlightRecord},
     cluster::{Cluster, Follow, Lease, LockAttempt},
     error::GatewayError,
     fingerprint::CacheKey,
     request::CachePolicy,
+    usage::Usage,
 };
 
 /// Cache reads, lock attempts, records and follows of one batch in progress at

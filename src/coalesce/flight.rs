@@ -429,7 +429,10 @@ impl Drop for WaiterTicket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::{Endpoint, KeyInput, TenantScope};
+    use crate::{
+        fingerprint::{Endpoint, KeyInput},
+        tenant::TenantScope,
+    };
 
     fn fingerprint(n: u8) -> Fingerprint {
         Fingerprint::of(&KeyInput {

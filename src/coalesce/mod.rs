@@ -22,7 +22,7 @@ pub use flight::{
     WaiterTicket,
 };
 
-pub use crate::cache_status::CacheStatus;
+use crate::cache_status::CacheStatus;
 use crate::{
     cache::{
         CacheStore, Entry, Freshness, StoredResponse, TtlPolicy, entry_weight, should_refresh_early,

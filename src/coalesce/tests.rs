@@ -13,8 +13,8 @@ use super::*;
 use crate::{
     cache::{CacheUsage, MemoryStore},
     clock::ManualClock,
-    fingerprint::TenantScope,
     sse::LogLimits,
+    tenant::TenantScope,
 };
 
 /// A store whose reads wait until the gate opens: callers gather on a flight

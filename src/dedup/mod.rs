@@ -21,8 +21,8 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::{
-    cache::Usage,
-    coalesce::{Answer, CacheStatus, Lookup, Served},
+    cache_status::CacheStatus,
+    coalesce::{Answer, Lookup, Served},
     config::CacheScope,
     embeddings,
     error::GatewayError,
@@ -35,6 +35,7 @@ use crate::{
     state::AppState,
     tenant::TenantScope,
     upstream::{Outbound, body},
+    usage::Usage,
     wire::{self, Echo, Wire},
 };
 

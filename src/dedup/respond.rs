@@ -12,12 +12,8 @@ use axum::{
 use bytes::Bytes;
 
 use crate::{
-    cache::{StoredResponse, Usage},
-    coalesce::CacheStatus,
-    metrics::Attribution,
-    request::DedupRequest,
-    state::AppState,
-    wire::Echo,
+    cache::StoredResponse, cache_status::CacheStatus, metrics::Attribution, request::DedupRequest,
+    state::AppState, usage::Usage, wire::Echo,
 };
 
 /// Upstream response headers that may be shared with every caller of a

@@ -14,14 +14,16 @@ use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
 
 use crate::{
-    cache::{StoredResponse, Usage},
-    coalesce::{BatchLoader, CacheStatus, ItemsLoaded, ItemsServed},
+    cache::StoredResponse,
+    cache_status::CacheStatus,
+    coalesce::{BatchLoader, ItemsLoaded, ItemsServed},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
     metrics::Attribution,
     request::DedupRequest,
     state::AppState,
     upstream::Outbound,
+    usage::Usage,
 };
 use wire::{ItemLimits, ItemizedRequest};
 

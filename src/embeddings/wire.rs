@@ -20,10 +20,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::{
-    cache::Usage,
     config::LimitsConfig,
     error::GatewayError,
     fingerprint::{Normalization, canonical_body, write_canonical},
+    usage::Usage,
 };
 
 /// Keeps item keys apart from every whole-request key: a canonical body

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::usage::UsageFree;
 use super::{DONE_EVENT, data_event, done_event, error_event, event_json, named_event};
-use crate::cache::Usage;
+use crate::usage::Usage;
 
 /// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold
 /// it without knowing which API it is.

@@ -22,7 +22,7 @@ use sse_stream::SseByteStream;
 
 use super::format::Frame;
 use super::log::{AppendError, StreamWriter};
-use crate::cache::Usage;
+use crate::usage::Usage;
 
 /// Why a stream did not complete. `Display` is the message clients receive in the error
 /// event; `detail` fields are for logs only.

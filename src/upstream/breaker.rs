@@ -31,7 +31,7 @@ use tokio::{
     time::Instant,
 };
 
-pub use crate::breaker::{Breaker, BreakerState, Permit};
+use crate::breaker::{Breaker, Permit};
 use crate::{
     clock::Clock,
     config::{RetryConfig, UpstreamConfig},

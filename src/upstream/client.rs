@@ -17,11 +17,12 @@ use opentelemetry::context::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    breaker::{BreakerState, UpstreamGuard, is_upstream_failure},
+    breaker::{UpstreamGuard, is_upstream_failure},
     retry::{self, AttemptError},
 };
 use crate::{
     auth::{API_KEY_HEADER, bearer_token},
+    breaker::BreakerState,
     clock::{Clock, SystemClock},
     config::{Api, Config, RetryConfig, Secret},
     error::GatewayError,

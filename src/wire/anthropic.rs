@@ -28,7 +28,6 @@ use serde_json::{Map, Value, json};
 
 use super::Wire;
 use crate::{
-    cache::Usage,
     config::Api,
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
@@ -36,6 +35,7 @@ use crate::{
         self, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
         named_event_value as event_value, pieces, read_named,
     },
+    usage::Usage,
     validate::{self, InputLimits},
 };
 

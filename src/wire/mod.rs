@@ -20,11 +20,11 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::{
-    cache::Usage,
     config::Api,
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
     sse::{ConvertError, Format, UpstreamStreamRequest},
+    usage::Usage,
     validate::InputLimits,
 };
 

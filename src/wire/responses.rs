@@ -27,13 +27,13 @@ use serde_json::{Map, Value, json};
 
 use super::{Echo, EchoedField, Wire, zero_temperature_or_seed};
 use crate::{
-    cache::Usage,
     error::GatewayError,
     fingerprint::{BodyKeying, Endpoint},
     sse::{
         self, BROKEN_STREAM_CODE, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest,
         named_event, named_event_value as event_value, pieces, read_named,
     },
+    usage::Usage,
     validate::{self, InputLimits},
 };
 

@@ -12,8 +12,8 @@ use std::{collections::HashSet, time::Duration};
 use bytes::Bytes;
 use corral::{
     Config,
-    auth::key_hash,
     config::{Api, PriceTable, Secret},
+    tenant::key_hash,
 };
 use mock_upstream::{FailureMode, MockProvider, MockSettings, Scripted};
 use reqwest::StatusCode;

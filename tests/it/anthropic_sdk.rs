@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use corral::{auth::key_hash, config::Secret};
+use corral::{config::Secret, tenant::key_hash};
 use serde_json::{Value, json};
 
 use crate::{

@@ -9,7 +9,8 @@ use std::{
 
 use corral::{
     config::RedisConfig,
-    fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput, TenantScope},
+    fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
+    tenant::TenantScope,
 };
 use mock_upstream::FailureMode;
 use reqwest::StatusCode;

@@ -399,7 +399,7 @@ async fn counts_made_while_redis_is_away_reach_the_ledger_once_later() {
 /// never by the key, and never on a Prometheus label.
 #[tokio::test]
 async fn tenants_are_attributed_by_key_label_or_short_scope_never_by_key() {
-    use corral::{auth::key_hash, config::Secret};
+    use corral::{config::Secret, tenant::key_hash};
     let gateway = TestGateway::start(|config| {
         config.auth.key_hashes = vec![key_hash(b"gw-search-team"), key_hash(b"gw-unlabelled")];
         config.auth.labels_by_hash = vec![(key_hash(b"gw-search-team"), "team-search".to_owned())];

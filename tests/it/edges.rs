@@ -7,7 +7,7 @@
 
 use std::{path::Path, time::Duration};
 
-use corral::{auth::key_hash, config::Secret, upstream::breaker::BreakerState};
+use corral::{breaker::BreakerState, config::Secret, tenant::key_hash};
 use mock_upstream::{FailureMode, MockProvider, MockSettings, Scripted};
 use reqwest::StatusCode;
 use serde_json::Value;

@@ -10,10 +10,9 @@ use bytes::Bytes;
 use corral::{
     cache::codec::{decode_entry, decode_record, encode_entry, encode_record},
     crypto::Sealer,
-    fingerprint::{
-        CacheKey, Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body,
-    },
+    fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput, Normalization, canonical_body},
     sse::{StreamLog, relay},
+    tenant::TenantScope,
     validate::{InputLimits, check_fields, parse_json},
 };
 use proptest::prelude::*;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use corral::auth::key_hash;
+use corral::tenant::key_hash;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

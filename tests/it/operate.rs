@@ -5,7 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use corral::{Config, config::Secret, fingerprint::TenantScope, tenant::key_hash};
+use corral::{
+    Config,
+    config::Secret,
+    tenant::{TenantScope, key_hash},
+};
 use mock_upstream::{FailureMode, MockProvider};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

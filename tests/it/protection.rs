@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use corral::{
-    auth::key_hash,
+    breaker::BreakerState,
     config::{RateConfig, Secret, TenantLimitsConfig},
-    upstream::breaker::BreakerState,
+    tenant::key_hash,
 };
 use mock_upstream::{FailureMode, MockProvider, Scripted};
 use reqwest::StatusCode;

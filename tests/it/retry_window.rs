@@ -376,8 +376,8 @@ async fn under_a_global_cache_a_retry_never_receives_another_tenants_sample() {
         config.cache.scope = corral::config::CacheScope::Global;
         config.upstreams[0].api_key = Some(Secret::new("sk-corral".into()));
         config.auth.key_hashes = vec![
-            corral::auth::key_hash(b"gw-team-a"),
-            corral::auth::key_hash(b"gw-team-b"),
+            corral::tenant::key_hash(b"gw-team-a"),
+            corral::tenant::key_hash(b"gw-team-b"),
         ];
     })
     .await;

@@ -7,8 +7,9 @@
 
 use std::time::Duration;
 
-use corral::fingerprint::{
-    Endpoint, Fingerprint, KeyInput, Normalization, TenantScope, canonical_body,
+use corral::{
+    fingerprint::{Endpoint, Fingerprint, KeyInput, Normalization, canonical_body},
+    tenant::TenantScope,
 };
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use serde_json::{Map, Value, json};

@@ -98,7 +98,7 @@ async fn check_against_mock(mock: &MockProvider, path: &str, text: &str, n: u64)
         without_call_identity(assembled),
         without_call_identity(answer.clone())
     );
-    let usage = crate::cache::Usage::from_body(answer.to_string().as_bytes());
+    let usage = crate::usage::Usage::from_body(answer.to_string().as_bytes());
     assert_eq!(summary.usage, usage);
 
     // A caller who did not ask for usage gets what the provider streams without it.

@@ -9,11 +9,11 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::{body, event, json_of, stalled_body};
-use crate::cache::Usage;
 use crate::sse::{
     BROKEN_STREAM_CODE, BrokenStream, DONE_EVENT, LogEnd, RelayOutcome, RelaySummary, StreamLog,
     relay,
 };
+use crate::usage::Usage;
 
 const STALL: Duration = Duration::from_secs(30);
 
