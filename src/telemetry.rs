@@ -55,7 +55,7 @@ pub const MAX_BATCHES: usize = 16;
 /// Keeps the log writer thread alive; dropping it writes what is batched.
 #[must_use = "dropping the guard stops the log writer"]
 pub struct LogGuard {
-    shared: Arc<Shared>,
+    shared: Arc<Batches>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -258,10 +258,10 @@ fn json_line(out: &mut Vec<u8>, line: &AccessLine<'_>) {
 /// A [`MakeWriter`] whose lines go into the shared batch.
 #[derive(Clone)]
 pub struct BatchWriter {
-    shared: Arc<Shared>,
+    shared: Arc<Batches>,
 }
 
-struct Shared {
+struct Batches {
     /// One per thread that logged, up to [`MAX_BATCHES`].
     batches: Mutex<Vec<Arc<Batch>>>,
     /// Threads that have asked for a batch, to spread the ones beyond
@@ -292,11 +292,11 @@ thread_local! {
     /// This thread's batch of each log it wrote to (the process has one; tests
     /// make more). The `Weak` keeps the log's address from being reused while
     /// the entry lives, so the address names the log.
-    static BATCHES: std::cell::RefCell<Vec<(std::sync::Weak<Shared>, Arc<Batch>)>> =
+    static BATCHES: std::cell::RefCell<Vec<(std::sync::Weak<Batches>, Arc<Batch>)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Shared {
+impl Batches {
     /// Appends what `format` writes to this thread's batch, in one piece, or
     /// drops it (counted) if the batch would outgrow its bound.
     fn append(self: &Arc<Self>, format: impl FnOnce(&mut Vec<u8>)) {
@@ -368,7 +368,7 @@ impl Shared {
 
 /// The writer side and its guard, writing batches into `sink`.
 pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Batches {
         batches: Mutex::new(Vec::new()),
         threads_joined: AtomicUsize::new(0),
         dropped: AtomicUsize::new(0),
@@ -402,7 +402,7 @@ pub fn batched<W: Write + Send + 'static>(sink: W) -> (BatchWriter, LogGuard) {
 /// It parks only while the batch is empty: a wake-up token can be lost (one
 /// that arrives before the thread first parks, or one a spurious return used
 /// up), and a line that found the batch empty must not wait for the next.
-fn write_batches(shared: &Shared, mut sink: impl Write) {
+fn write_batches(shared: &Batches, mut sink: impl Write) {
     let mut out = Vec::new();
     let mut spare = Vec::new();
     let mut reported_drops = 0;
@@ -442,7 +442,7 @@ fn write_batches(shared: &Shared, mut sink: impl Write) {
 
 /// One event's line, appended to this thread's batch in one piece.
 pub struct BatchLine<'a> {
-    shared: &'a Arc<Shared>,
+    shared: &'a Arc<Batches>,
 }
 
 impl Write for BatchLine<'_> {

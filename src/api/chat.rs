@@ -11,7 +11,7 @@ use axum::{
 };
 use bytes::Bytes;
 
-use super::read_body;
+use super::routed_body;
 use crate::{
     dedup::{self, Caller},
     error::GatewayError,
@@ -85,6 +85,6 @@ async fn read_and_serve(
         },
     };
     let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
-    let body = read_body(body, app.config.limits.max_body_bytes)?;
+    let body = routed_body(body, app.config.limits.max_body_bytes)?;
     dedup::serve(app, endpoint, caller, headers, query, body).await
 }

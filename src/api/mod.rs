@@ -54,8 +54,11 @@ pub fn router(state: Arc<AppState>) -> pipeline::Pipeline<Router> {
     pipeline::PipelineLayer::new(state).layer(routes)
 }
 
-/// The body, or the OpenAI-style error for a body that is too large or unreadable.
-fn read_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, GatewayError> {
+/// A routed request's body (read by axum under `DefaultBodyLimit`), or the
+/// error for a body that is too large or unreadable, naming the real limit.
+/// (The pipeline's own reader, `pipeline::read_body`, reads the deduplicated
+/// endpoints' bodies.)
+fn routed_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, GatewayError> {
     body.map_err(|rejection| match GatewayError::from(rejection) {
         GatewayError::BodyTooLarge { .. } => GatewayError::BodyTooLarge { limit },
         other => other,

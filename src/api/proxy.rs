@@ -11,7 +11,7 @@ use axum::{
 };
 use bytes::Bytes;
 
-use super::read_body;
+use super::routed_body;
 use crate::{
     error::{ErrorShape, GatewayError},
     passthrough::ProxyPath,
@@ -34,7 +34,7 @@ async fn proxy(app: Arc<AppState>, request: Request) -> Result<Response, Gateway
     let headers = std::mem::take(&mut parts.headers);
     let query = parts.uri.query().map(str::to_owned);
     let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
-    let body = read_body(body, app.config.limits.max_body_bytes)?;
+    let body = routed_body(body, app.config.limits.max_body_bytes)?;
     app.passthrough()
         .serve(method, path, headers, query, body)
         .await

@@ -33,12 +33,15 @@ pub enum DecodeError {
     #[error("value belongs to another key")]
     ForeignKey,
     #[error("value is a {found:?}, expected a {expected:?}")]
-    Kind { expected: Kind, found: Kind },
+    ValueKind {
+        expected: ValueKind,
+        found: ValueKind,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum ValueKind {
     /// A cached response.
     Entry,
     /// How one flight ended, for its followers (and negative caching).
@@ -50,7 +53,7 @@ pub enum Kind {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Header {
-    kind: Kind,
+    kind: ValueKind,
     scope: String,
     fingerprint: String,
     status: u16,
@@ -95,7 +98,7 @@ pub struct FlightRecord {
 
 pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
     let header = Header {
-        kind: Kind::Entry,
+        kind: ValueKind::Entry,
         scope: key.scope.as_str().to_owned(),
         fingerprint: key.fingerprint.hex(),
         status: entry.response.status.as_u16(),
@@ -115,7 +118,7 @@ pub fn encode_entry(key: &CacheKey, entry: &Entry) -> Vec<u8> {
 }
 
 pub fn decode_entry(bytes: &[u8], key: &CacheKey) -> Result<Entry, DecodeError> {
-    let (header, response) = decode(bytes, key, Kind::Entry)?;
+    let (header, response) = decode(bytes, key, ValueKind::Entry)?;
     Ok(Entry {
         response,
         stored_at_ms: header.stored_at_ms,
@@ -127,7 +130,7 @@ pub fn decode_entry(bytes: &[u8], key: &CacheKey) -> Result<Entry, DecodeError> 
 
 pub fn encode_record(key: &CacheKey, record: &FlightRecord) -> Vec<u8> {
     let header = Header {
-        kind: Kind::Record,
+        kind: ValueKind::Record,
         scope: key.scope.as_str().to_owned(),
         fingerprint: key.fingerprint.hex(),
         status: record.response.status.as_u16(),
@@ -147,7 +150,7 @@ pub fn encode_record(key: &CacheKey, record: &FlightRecord) -> Vec<u8> {
 }
 
 pub fn decode_record(bytes: &[u8], key: &CacheKey) -> Result<FlightRecord, DecodeError> {
-    let (header, response) = decode(bytes, key, Kind::Record)?;
+    let (header, response) = decode(bytes, key, ValueKind::Record)?;
     Ok(FlightRecord {
         token: header
             .token
@@ -169,7 +172,7 @@ pub fn encode_retained(
 ) -> Vec<u8> {
     let event_lens: Vec<u64> = events.iter().map(|event| event.len() as u64).collect();
     let header = Header {
-        kind: Kind::Retained,
+        kind: ValueKind::Retained,
         scope: key.scope.as_str().to_owned(),
         fingerprint: key.fingerprint.hex(),
         status: response.status.as_u16(),
@@ -198,7 +201,7 @@ pub fn decode_retained(
     bytes: &[u8],
     key: &CacheKey,
 ) -> Result<(Arc<StoredResponse>, Vec<Bytes>, u64), DecodeError> {
-    let (header, response) = decode(bytes, key, Kind::Retained)?;
+    let (header, response) = decode(bytes, key, ValueKind::Retained)?;
     let Some(lens) = header.event_lens else {
         return Ok((response, Vec::new(), header.stored_at_ms));
     };
@@ -249,7 +252,7 @@ fn encode(header: &Header, body: &[u8]) -> Vec<u8> {
 fn decode(
     bytes: &[u8],
     key: &CacheKey,
-    expected: Kind,
+    expected: ValueKind,
 ) -> Result<(Header, Arc<StoredResponse>), DecodeError> {
     let rest = bytes
         .strip_prefix(MAGIC.as_slice())
@@ -274,7 +277,7 @@ fn decode(
         return Err(DecodeError::Truncated);
     }
     if header.kind != expected {
-        return Err(DecodeError::Kind {
+        return Err(DecodeError::ValueKind {
             expected,
             found: header.kind,
         });
@@ -366,7 +369,7 @@ mod tests {
         );
         assert!(matches!(
             decode_record(&bytes, &key("t1", b"a")),
-            Err(DecodeError::Kind { .. })
+            Err(DecodeError::ValueKind { .. })
         ));
     }
 
@@ -414,7 +417,7 @@ mod tests {
         assert!(none.is_empty());
         assert!(matches!(
             decode_entry(&bytes, &k),
-            Err(DecodeError::Kind { .. })
+            Err(DecodeError::ValueKind { .. })
         ));
         assert_eq!(
             decode_retained(&bytes, &key("t2", b"a")).unwrap_err(),

@@ -43,7 +43,7 @@ struct Flight {
 }
 
 #[derive(Debug, Default)]
-struct Shared {
+struct FlightTable {
     map: Mutex<HashMap<Fingerprint, Arc<Flight>>>,
     /// Callers waiting on any flight, observable (gauges, tests awaiting a herd).
     waiters: watch::Sender<usize>,
@@ -51,7 +51,7 @@ struct Shared {
     idle: Notify,
 }
 
-impl Shared {
+impl FlightTable {
     fn map(&self) -> MutexGuard<'_, HashMap<Fingerprint, Arc<Flight>>> {
         // A panic while holding this lock cannot leave the map inconsistent
         // (every critical section is a single insert, get or remove).
@@ -64,7 +64,7 @@ impl Shared {
 /// The table of flights in this process.
 #[derive(Debug, Clone, Default)]
 pub struct Flights {
-    shared: Arc<Shared>,
+    shared: Arc<FlightTable>,
 }
 
 /// How a caller takes part in the flight for its fingerprint.
@@ -171,7 +171,7 @@ impl Flights {
 /// it, completed or not, removes the flight.
 #[derive(Debug)]
 pub struct FlightGuard {
-    shared: Arc<Shared>,
+    shared: Arc<FlightTable>,
     fingerprint: Fingerprint,
     flight: Arc<Flight>,
     sender: watch::Sender<Option<Outcome>>,
@@ -337,7 +337,7 @@ impl Drop for FlightGuard {
 /// One caller's place in a flight; counted while it exists.
 #[derive(Debug)]
 pub struct WaiterTicket {
-    shared: Arc<Shared>,
+    shared: Arc<FlightTable>,
     flight: Arc<Flight>,
 }
 
@@ -352,7 +352,7 @@ pub enum Waited {
 }
 
 impl WaiterTicket {
-    fn new(shared: &Arc<Shared>, flight: Arc<Flight>) -> Self {
+    fn new(shared: &Arc<FlightTable>, flight: Arc<Flight>) -> Self {
         flight.waiters.fetch_add(1, Ordering::AcqRel);
         shared.waiters.send_modify(|n| *n += 1);
         Self {

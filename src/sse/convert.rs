@@ -38,14 +38,14 @@ pub enum ConvertError {
 
 /// The two streamed endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum Completion {
     /// `/v1/chat/completions`: `chat.completion.chunk` → `chat.completion`.
     Chat,
     /// `/v1/completions`: `text_completion` chunks → `text_completion`.
     Text,
 }
 
-impl Kind {
+impl Completion {
     fn of_chunk(object: &str) -> Option<Self> {
         match object {
             "chat.completion.chunk" => Some(Self::Chat),
@@ -111,7 +111,7 @@ struct ChoiceAcc {
 /// A choice whose stream never gave a `finish_reason` comes out with `finish_reason: null`:
 /// the cache's completeness check then refuses it, as it refuses a non-stream answer like it.
 pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
-    let mut kind: Option<Kind> = None;
+    let mut kind: Option<Completion> = None;
     let mut header = Map::new();
     let mut choices: Vec<(u64, ChoiceAcc)> = Vec::new();
     let mut usage = Value::Null;
@@ -134,15 +134,15 @@ pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
         };
         let found = match chunk.get("object").and_then(Value::as_str) {
             Some(object) => Some(
-                Kind::of_chunk(object)
+                Completion::of_chunk(object)
                     .ok_or_else(|| ConvertError::UnsupportedObject(object.to_owned()))?,
             ),
             // Some servers leave `object` out; the first choice still tells.
             None => list.first().and_then(|choice| {
                 if choice.get("delta").is_some() {
-                    Some(Kind::Chat)
+                    Some(Completion::Chat)
                 } else if choice.get("text").is_some() {
-                    Some(Kind::Text)
+                    Some(Completion::Text)
                 } else {
                     None
                 }
@@ -202,13 +202,13 @@ pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
     let choices: Vec<Value> = choices
         .into_iter()
         .map(|(index, acc)| match kind {
-            Kind::Chat => json!({
+            Completion::Chat => json!({
                 "index": index,
                 "message": finish_message(acc.message),
                 "logprobs": acc.logprobs,
                 "finish_reason": acc.finish_reason,
             }),
-            Kind::Text => json!({
+            Completion::Text => json!({
                 "text": acc.text,
                 "index": index,
                 "logprobs": acc.logprobs,
@@ -308,7 +308,7 @@ pub fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
         .get("object")
         .and_then(Value::as_str)
         .ok_or(ConvertError::Malformed("object"))?;
-    let kind = Kind::of_answer(object)
+    let kind = Completion::of_answer(object)
         .ok_or_else(|| ConvertError::UnsupportedObject(object.to_owned()))?;
     let choices = response
         .get("choices")
@@ -341,7 +341,7 @@ pub fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
         let logprobs = choice.get("logprobs").cloned().unwrap_or(Value::Null);
         let finish_reason = choice.get("finish_reason").cloned().unwrap_or(Value::Null);
         match kind {
-            Kind::Chat => {
+            Completion::Chat => {
                 let message = choice
                     .get("message")
                     .and_then(Value::as_object)
@@ -358,7 +358,7 @@ pub fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
                     "index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish_reason,
                 })));
             }
-            Kind::Text => {
+            Completion::Text => {
                 let text = choice.get("text").and_then(Value::as_str).unwrap_or("");
                 for piece in pieces(text) {
                     events.push(chunk(json!({

@@ -21,7 +21,7 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use super::format::{CHAT, Format};
-use super::packed::{Entry, PackedEvents, Piece};
+use super::packed::{PackedEvent, PackedEvents, Piece};
 use super::relay::BrokenStream;
 use super::usage::CallerUsage;
 
@@ -52,11 +52,11 @@ pub enum AppendError {
 /// clone so that every caller that joins can take a [`reader`](Self::reader).
 #[derive(Debug, Clone)]
 pub struct StreamLog {
-    shared: Arc<Shared>,
+    shared: Arc<LogCore>,
 }
 
 #[derive(Debug)]
-struct Shared {
+struct LogCore {
     state: watch::Sender<LogState>,
     readers: watch::Sender<ReaderCount>,
     max_bytes: usize,
@@ -68,7 +68,7 @@ struct Shared {
     format: Format,
 }
 
-impl Drop for Shared {
+impl Drop for LogCore {
     fn drop(&mut self) {
         if let Some(tally) = &self.tally {
             tally.sub(self.state.borrow().bytes);
@@ -157,7 +157,7 @@ impl StreamLog {
     }
 
     fn build(format: Format, limits: LogLimits, pack: bool) -> (StreamLog, StreamWriter) {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(LogCore {
             state: watch::Sender::new(LogState::new(pack)),
             readers: watch::Sender::new(ReaderCount::default()),
             max_bytes: limits.max_bytes,
@@ -333,7 +333,7 @@ impl StreamLog {
 /// waiting for ever; the same idea as a cache lock whose dropped write permit lets waiters go.
 #[derive(Debug)]
 pub struct StreamWriter {
-    shared: Arc<Shared>,
+    shared: Arc<LogCore>,
 }
 
 impl StreamWriter {
@@ -350,7 +350,7 @@ impl StreamWriter {
     pub fn append(&mut self, event: Bytes) -> Result<(), AppendError> {
         let format = self.shared.format;
         let usage_free = format.usage_free(&event);
-        let entry = Entry::new(event, usage_free);
+        let entry = PackedEvent::new(event, usage_free);
         let max_bytes = self.shared.max_bytes;
         let mut result = Ok(());
         self.shared.state.send_if_modified(|state| {
@@ -433,7 +433,7 @@ fn terminate(state: &mut LogState, end: LogEnd, format: Format, tally: Option<&L
         state.end = Some(end);
         return;
     };
-    let entry = Entry::terminal(event);
+    let entry = PackedEvent::terminal(event);
     if let Some(tally) = tally {
         tally.add(entry.bytes());
     }
@@ -458,7 +458,7 @@ pub struct StreamReader {
     usage: CallerUsage,
     /// A caller's reader (counted in `readers`), not the mirror's.
     counted: bool,
-    shared: Arc<Shared>,
+    shared: Arc<LogCore>,
 }
 
 impl StreamReader {

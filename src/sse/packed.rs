@@ -42,13 +42,13 @@ pub(super) struct PackedEvents {
     /// The size of the next block.
     next_block: usize,
     /// Every chunk holds exactly [`CHUNK`] entries except the last.
-    chunks: Vec<Vec<Entry>>,
+    chunks: Vec<Vec<PackedEvent>>,
     len: usize,
 }
 
 /// One event, as a caller who asked for usage receives it, and how it looks to the others.
 #[derive(Debug)]
-pub(super) struct Entry {
+pub(super) struct PackedEvent {
     event: Bytes,
     view: View,
 }
@@ -89,7 +89,7 @@ impl Piece {
     }
 }
 
-impl Entry {
+impl PackedEvent {
     /// `event` with its usage-free view, as the format decided it. The view is stored as a
     /// cut when it is one.
     pub(super) fn new(event: Bytes, usage_free: UsageFree) -> Self {
@@ -179,7 +179,7 @@ impl PackedEvents {
     }
 
     /// Appends `entry`, its event copied into the log's blocks when this list packs.
-    pub(super) fn push(&mut self, mut entry: Entry) {
+    pub(super) fn push(&mut self, mut entry: PackedEvent) {
         if self.pack {
             entry.event = self.packed(&entry.event);
         }
@@ -208,7 +208,7 @@ impl PackedEvents {
         self.block.split().freeze()
     }
 
-    pub(super) fn get(&self, index: usize) -> Option<&Entry> {
+    pub(super) fn get(&self, index: usize) -> Option<&PackedEvent> {
         self.chunks.get(index / CHUNK)?.get(index % CHUNK)
     }
 
@@ -216,7 +216,7 @@ impl PackedEvents {
         self.len
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &PackedEvent> {
         self.chunks.iter().flatten()
     }
 }
@@ -243,7 +243,7 @@ mod tests {
     fn a_cut_view_is_the_slices_around_the_gap_and_joins_to_the_rewrite() {
         let event = Bytes::from_static(br#"data: {"a":1,"usage":null,"z":2}"#);
         let rewritten = Bytes::from_static(br#"data: {"a":1,"z":2}"#);
-        let entry = Entry::new(event.clone(), UsageFree::Rewritten(rewritten.clone()));
+        let entry = PackedEvent::new(event.clone(), UsageFree::Rewritten(rewritten.clone()));
         assert_eq!(
             entry.bytes(),
             event.len(),
@@ -257,7 +257,7 @@ mod tests {
             Some(Piece::Whole(event.clone()))
         );
         // A cut at either end is one slice.
-        let at_end = Entry::new(
+        let at_end = PackedEvent::new(
             Bytes::from_static(b"keep,drop"),
             UsageFree::Rewritten(Bytes::from_static(b"keep")),
         );
@@ -266,7 +266,7 @@ mod tests {
             Some(Piece::Whole(Bytes::from_static(b"keep")))
         );
         // A rewrite that is no cut is kept, and counted.
-        let other = Entry::new(
+        let other = PackedEvent::new(
             Bytes::from_static(b"abcdef"),
             UsageFree::Rewritten(Bytes::from_static(b"abXf")),
         );
@@ -283,7 +283,7 @@ mod tests {
         let count = 3 * CHUNK + 7;
         for n in 0..count {
             let event = Bytes::from(format!("data: {{\"n\":{n}}}\n\n"));
-            events.push(Entry::new(event, UsageFree::Same));
+            events.push(PackedEvent::new(event, UsageFree::Same));
         }
         assert_eq!(events.len(), count);
         for n in [0, 1, CHUNK - 1, CHUNK, 2 * CHUNK + 3, count - 1] {
@@ -302,7 +302,7 @@ mod tests {
         assert!(events.chunks.iter().all(|chunk| chunk.capacity() <= CHUNK));
         // An event larger than any block gets one of its own.
         let big = Bytes::from(vec![b'x'; 2 * MAX_BLOCK]);
-        events.push(Entry::new(big.clone(), UsageFree::Same));
+        events.push(PackedEvent::new(big.clone(), UsageFree::Same));
         assert_eq!(events.get(count).unwrap().event(), &big);
     }
 
@@ -310,7 +310,7 @@ mod tests {
     fn a_replay_keeps_the_handles_it_was_given() {
         let mut events = PackedEvents::new(false);
         let event = Bytes::from_static(b"data: {}\n\n");
-        events.push(Entry::new(event.clone(), UsageFree::Same));
+        events.push(PackedEvent::new(event.clone(), UsageFree::Same));
         assert_eq!(events.get(0).unwrap().event().as_ptr(), event.as_ptr());
     }
 }
