@@ -201,6 +201,7 @@ async fn an_absurd_retry_after_is_bounded_and_relayed_not_a_panic() {
 async fn a_request_the_provider_has_is_never_sent_twice() {
     let gateway = TestGateway::start(|config| {
         config.upstreams[0].request_timeout = Duration::from_secs(2);
+        config.upstreams[0].breaker_failures = 2;
         config.retry.max_attempts = 3;
     })
     .await;
@@ -214,6 +215,16 @@ async fn a_request_the_provider_has_is_never_sent_twice() {
         ["POST /v1/chat/completions"],
         "one attempt"
     );
+    // The breaker counted one failure: below its threshold of two, closed;
+    // the next such call is the second, and opens it.
+    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
+    gateway.provider.hold();
+    let again = gateway
+        .post(PATH, &chat("a provider that still hangs"))
+        .await;
+    gateway.provider.release();
+    assert_eq!(again.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Open);
 
     // Nothing listens on the port: every attempt is a connect error, retried.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
