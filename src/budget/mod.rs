@@ -422,11 +422,17 @@ impl Budgets {
         let mut state = self.lock();
         for (period, subject, measure, amount) in additions {
             let counter = Counter::at(now, period, subject, measure);
-            if !state.counts.contains_key(&counter)
-                && matches!(counter.subject, Subject::Tenant(_))
-                && tenants_in(&state, period, counter.window) >= self.max_tenants
-            {
-                continue;
+            if !state.counts.contains_key(&counter) {
+                // A new counter (a new tenant, or a new window): the ended
+                // windows go first, with or without a store to flush to.
+                state
+                    .counts
+                    .retain(|counter, _| counter.window.end_ms > now);
+                if matches!(counter.subject, Subject::Tenant(_))
+                    && tenants_in(&state, period, counter.window) >= self.max_tenants
+                {
+                    continue;
+                }
             }
             let count = state.counts.entry(counter).or_default();
             count.pending = count.pending.saturating_add(amount);

@@ -192,3 +192,18 @@ fn a_cost_is_rounded_up_to_whole_nanodollars_and_huge_ones_saturate() {
     assert_eq!(budgets.remaining_usd(&a, &up), Some(0.0));
     assert!(budgets.check(&a, &up).is_err());
 }
+
+#[test]
+fn ended_windows_are_forgotten_without_a_store_too() {
+    let (budgets, clock) = budgets(vec![rule(Some("*"), None, 1.0, "1s")], None);
+    let (a, up) = (name("a"), name("x"));
+    for _ in 0..100 {
+        budgets.spend(&a, &up, Some(1_000), 1);
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        budgets.lock().counts.len(),
+        1,
+        "only the current window is kept"
+    );
+}
