@@ -4,16 +4,15 @@
 //! The log, the relay and the cluster relay handle bytes: every event is one whole SSE frame,
 //! kept byte for byte. Which frames complete a stream, which fail it, what ends a complete
 //! stream, and what a broken stream's last event looks like differ per API; each API's adapter
-//! (`wire/`) answers those questions through this trait. [`ChatStream`] is the OpenAI Chat
-//! Completions and Completions format (`data: <json>` events, `data: [DONE]` last).
+//! (`wire/`) answers those questions through this trait (chat's is `wire::chat::ChatStream`).
 
 use std::fmt;
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::named_event;
 use super::usage::UsageFree;
-use super::{DONE_EVENT, data_event, done_event, error_event, event_json, named_event};
 use crate::usage::Usage;
 
 /// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold
@@ -97,64 +96,4 @@ pub fn read_named(name: Option<&str>, data: &str) -> Result<(String, Bytes), Fra
     };
     let event = named_event(&kind, &Value::Object(object));
     Ok((kind, event))
-}
-
-/// OpenAI Chat Completions and Completions: `data: <json object>` events, `data: [DONE]` last,
-/// an error is an object with an `error` member.
-#[derive(Debug)]
-pub struct ChatStream;
-
-/// The chat stream format.
-pub static CHAT: ChatStream = ChatStream;
-
-impl StreamFormat for ChatStream {
-    fn read(&self, name: Option<&str>, data: &str) -> Frame {
-        if data.trim() == "[DONE]" {
-            return Frame::Complete {
-                event: None,
-                usage: None,
-            };
-        }
-        let chunk = match serde_json::from_str::<Value>(data) {
-            Ok(Value::Object(chunk)) => chunk,
-            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
-            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
-        };
-        if chunk.get("error").is_some_and(|error| !error.is_null()) {
-            return Frame::Failed(data_event(&Value::Object(chunk)));
-        }
-        if name == Some("error") {
-            // Event names are not relayed and clients recognise an error event by its
-            // `error` member, so a named error event without one is wrapped in one.
-            return Frame::Failed(data_event(&json!({ "error": chunk })));
-        }
-        let usage = chunk
-            .get("usage")
-            .is_some_and(|usage| !usage.is_null())
-            .then(|| Usage::from_body(data.as_bytes()))
-            .flatten();
-        Frame::Event {
-            event: data_event(&Value::Object(chunk)),
-            usage,
-        }
-    }
-
-    fn done_event(&self) -> Option<Bytes> {
-        Some(done_event())
-    }
-
-    fn error_event(&self, message: &str, _position: usize) -> Bytes {
-        error_event(message)
-    }
-
-    fn usage_free(&self, event: &Bytes) -> UsageFree {
-        UsageFree::of(event)
-    }
-
-    fn event_usage(&self, event: &[u8]) -> Option<Usage> {
-        if event == DONE_EVENT {
-            return None;
-        }
-        Usage::from_body(event_json(event)?)
-    }
 }

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::watch;
 
-use super::format::{CHAT, Format};
+use super::format::Format;
 use super::packed::{PackedEvent, PackedEvents, Piece};
 use super::relay::BrokenStream;
 use super::usage::CallerUsage;
@@ -135,22 +135,6 @@ struct ReaderCount {
 }
 
 impl StreamLog {
-    /// An empty log of chat events (`data:` events, `[DONE]` last) holding at most `max_bytes`
-    /// of events, and its one writer.
-    ///
-    /// An append past the bound fails the stream for everyone rather than dropping events:
-    /// a reader must get the whole stream or an error, never a stream with a hole in it.
-    pub fn new(max_bytes: usize) -> (StreamLog, StreamWriter) {
-        StreamLog::with_limits(
-            &CHAT,
-            LogLimits {
-                max_bytes,
-                max_reader_lag: usize::MAX,
-                tally: None,
-            },
-        )
-    }
-
     /// An empty log of `format`'s events, bounded by `limits`, and its one writer.
     pub fn with_limits(format: Format, limits: LogLimits) -> (StreamLog, StreamWriter) {
         StreamLog::build(format, limits, true)

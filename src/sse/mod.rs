@@ -8,16 +8,12 @@
 //! - `relay.rs`: [`relay`] parses the provider's SSE body, appends each event to the log in one
 //!   canonical framing, and turns a broken stream (cut short, stalled, malformed, too large)
 //!   into an error event in the API's shape that ends every reader's stream.
-//! - `usage.rs`: the upstream request always asks for usage ([`force_include_usage`]) so cost
-//!   can be accounted; a caller that did not ask sees the stream it would have received
-//!   without it ([`CallerUsage`], [`without_usage`]).
-//! - `convert.rs`: [`assemble`] turns a completed stream into the equivalent non-stream
-//!   answer and [`synthesize`] turns a non-stream answer into a valid stream, so one cache
-//!   entry serves both kinds of caller.
-//!
+//! - `usage.rs`: a caller that did not ask for usage sees the stream it would have received
+//!   without it ([`CallerUsage`], [`without_usage`]) although the upstream call asked for it.
 //! - `format.rs`: [`StreamFormat`], what all of the above ask of one API's events (which event
 //!   completes a stream, which fails it, the done and error events), so that none of them
-//!   parses a provider's JSON; [`ChatStream`] is chat's. The other APIs' live in `wire/`.
+//!   parses a provider's JSON. Every API's format, and the conversions between its stream and
+//!   its answer, live in its adapter in `wire/` (chat's in `wire/chat/`).
 //!
 //! Every event handled here is one complete SSE frame (chat: `data: <json>\n\n` or
 //! `data: [DONE]\n\n`; named-event formats: `event: <name>\ndata: <json>\n\n`), held as
@@ -26,7 +22,6 @@
 //! crate; `eventsource-stream` was passed over because it panics on a stream that begins with
 //! a UTF-8 byte-order mark and buffers without bound past invalid UTF-8.
 
-mod convert;
 mod format;
 mod log;
 mod packed;
@@ -36,15 +31,12 @@ mod usage;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-pub use convert::{ConvertError, PIECE_CHARS, assemble, pieces, synthesize};
-pub use format::{CHAT, ChatStream, Format, Frame, StreamFormat, read_named};
+pub use format::{Format, Frame, StreamFormat, read_named};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{
     BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,
 };
-pub use usage::{
-    CallerUsage, UpstreamStreamRequest, UsageFree, force_include_usage, force_stream, without_usage,
-};
+pub use usage::{CallerUsage, UpstreamStreamRequest, UsageFree, force_stream, without_usage};
 
 /// The event that ends every complete stream.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";

@@ -58,33 +58,6 @@ pub fn force_stream(body: &Map<String, Value>) -> UpstreamStreamRequest {
     }
 }
 
-/// The body to send upstream for a streamed flight: the caller's body with `stream: true` and
-/// `stream_options.include_usage: true`, every other member (other stream options included)
-/// unchanged.
-///
-/// `stream` is forced too because OpenAI rejects `stream_options` on a request that does not
-/// stream, and a flight that also serves non-stream callers streams upstream. A
-/// `stream_options` that is neither absent, `null` nor an object is left alone: the provider
-/// rejects it as it would have without corral, rather than corral quietly repairing it.
-pub fn force_include_usage(body: &Map<String, Value>) -> UpstreamStreamRequest {
-    let caller_usage = CallerUsage::of(body);
-    let mut upstream = body.clone();
-    upstream.insert("stream".to_owned(), Value::Bool(true));
-    let options = upstream
-        .entry("stream_options")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if options.is_null() {
-        *options = Value::Object(Map::new());
-    }
-    if let Value::Object(options) = options {
-        options.insert("include_usage".to_owned(), Value::Bool(true));
-    }
-    UpstreamStreamRequest {
-        body: Bytes::from(Value::Object(upstream).to_string()),
-        caller_usage,
-    }
-}
-
 /// How one logged event looks to a caller who did not ask for usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UsageFree {

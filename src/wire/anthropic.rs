@@ -32,11 +32,12 @@ use crate::{
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
     sse::{
-        self, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
-        named_event_value as event_value, pieces, read_named,
+        self, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
+        named_event_value as event_value, read_named,
     },
     usage::Usage,
     validate::{self, InputLimits},
+    wire::{ConvertError, pieces},
 };
 
 /// The Messages adapter.

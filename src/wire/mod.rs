@@ -12,7 +12,7 @@
 //! [`Endpoint`] variant, its arm in [`of`], and its route.
 
 mod anthropic;
-mod chat;
+pub mod chat;
 mod echo;
 mod responses;
 
@@ -23,7 +23,7 @@ use crate::{
     config::Api,
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
-    sse::{ConvertError, Format, UpstreamStreamRequest},
+    sse::{Format, UpstreamStreamRequest},
     usage::Usage,
     validate::InputLimits,
 };
@@ -120,4 +120,46 @@ fn zero_temperature_or_seed(body: &Map<String, Value>) -> bool {
         .is_some_and(|t| t == 0.0);
     let seeded = body.get("seed").is_some_and(|seed| !seed.is_null());
     zero_temperature || seeded
+}
+
+/// Why a stream could not be assembled, or an answer not synthesized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConvertError {
+    #[error("event {index} is not a JSON data event")]
+    NotJson { index: usize },
+    #[error("event {index} is an error event")]
+    ErrorEvent { index: usize },
+    #[error("the stream has no completion chunk")]
+    Empty,
+    #[error("event {index} is a {found:?} chunk in a {expected:?} stream")]
+    MixedObjects {
+        index: usize,
+        expected: String,
+        found: String,
+    },
+    #[error("unsupported object {0:?}")]
+    UnsupportedObject(String),
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+}
+
+/// Longest piece of text (in characters) one synthesized delta carries.
+pub const PIECE_CHARS: usize = 64;
+
+/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries:
+/// the deltas every API's synthesized stream carries its text in.
+pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = rest
+            .char_indices()
+            .nth(PIECE_CHARS)
+            .map_or(rest.len(), |(at, _)| at);
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
 }

@@ -25,13 +25,13 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::{Echo, EchoedField, Wire, zero_temperature_or_seed};
+use super::{ConvertError, Echo, EchoedField, Wire, pieces, zero_temperature_or_seed};
 use crate::{
     error::GatewayError,
     fingerprint::{BodyKeying, Endpoint},
     sse::{
-        self, BROKEN_STREAM_CODE, ConvertError, Format, Frame, StreamFormat, UpstreamStreamRequest,
-        named_event, named_event_value as event_value, pieces, read_named,
+        self, BROKEN_STREAM_CODE, Format, Frame, StreamFormat, UpstreamStreamRequest, named_event,
+        named_event_value as event_value, read_named,
     },
     usage::Usage,
     validate::{self, InputLimits},
@@ -270,7 +270,7 @@ impl StreamFormat for ResponsesStream {
 
 /// A valid event sequence equivalent to a `response` object: created, in progress, per
 /// output item its added event, content parts (text and refusals as deltas of at most
-/// [`PIECE_CHARS`](sse::PIECE_CHARS) characters, function call arguments as one delta) and done event, then
+/// [`PIECE_CHARS`](super::PIECE_CHARS) characters, function call arguments as one delta) and done event, then
 /// `response.completed` with the object itself. Every event is numbered from 0.
 fn synthesize(response: &Value) -> Result<Vec<Bytes>, ConvertError> {
     let object = response

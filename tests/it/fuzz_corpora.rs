@@ -97,7 +97,14 @@ mod target {
             .build()
             .unwrap();
         let summary = runtime.block_on(async {
-            let (_log, writer) = StreamLog::new(64 * 1024);
+            let (_log, writer) = StreamLog::with_limits(
+                &corral::wire::chat::STREAM,
+                corral::sse::LogLimits {
+                    max_bytes: 64 * 1024,
+                    max_reader_lag: usize::MAX,
+                    tally: None,
+                },
+            );
             relay(
                 futures::stream::iter(chunks),
                 writer,

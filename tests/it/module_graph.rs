@@ -3,7 +3,8 @@
 //! between top-level modules (ARCHITECTURE.md draws it), and fails on any
 //! cycle, naming its edges. Vocabulary types live in leaf modules so that a
 //! new feature has somewhere to import them from without closing a loop.
-//! Tests inside a module (from its `#[cfg(test)]` on) are not counted.
+//! Tests inside a module (from its `#[cfg(test)]` on, or in a `tests.rs` or
+//! `tests/` of their own) are not counted.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -66,7 +67,17 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     }
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
-        let Some(module) = module_of(file.strip_prefix(src).unwrap()) else {
+        let relative = file.strip_prefix(src).unwrap();
+        // A test module in a file of its own (`tests.rs`, `tests/`,
+        // `*_tests.rs`) is not part of the product, as a trailing one is not.
+        let is_tests = relative.components().any(|part| {
+            let name = part.as_os_str().to_string_lossy();
+            name == "tests" || name == "tests.rs" || name.ends_with("_tests.rs")
+        });
+        if is_tests {
+            continue;
+        }
+        let Some(module) = module_of(relative) else {
             continue;
         };
         let text = std::fs::read_to_string(&file).unwrap();

@@ -5,7 +5,13 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::{event, json_of};
-use crate::sse::{ConvertError, DONE_EVENT, assemble, synthesize};
+use crate::{
+    sse::DONE_EVENT,
+    wire::{
+        ConvertError,
+        chat::{assemble, synthesize},
+    },
+};
 
 fn done() -> Bytes {
     Bytes::from_static(DONE_EVENT)
@@ -343,7 +349,7 @@ proptest! {
         let events = synthesize(&answer).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let summary = runtime.block_on(async {
-            let (_log, writer) = crate::sse::StreamLog::new(usize::MAX);
+            let (_log, writer) = super::chat_log(usize::MAX);
             crate::sse::relay(super::body(events.clone()), writer, std::time::Duration::from_secs(5)).await
         });
         prop_assert!(summary.completed());

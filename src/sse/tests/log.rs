@@ -29,7 +29,7 @@ async fn drain(mut reader: crate::sse::StreamReader) -> Vec<Bytes> {
 
 #[tokio::test]
 async fn reader_gets_every_event_then_done_then_ends() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let reader = log.reader(CallerUsage::Asked);
     for n in 0..3 {
         writer.append(numbered(n)).unwrap();
@@ -50,7 +50,7 @@ async fn reader_gets_every_event_then_done_then_ends() {
 
 #[tokio::test]
 async fn late_joiner_gets_everything_so_far_at_once_then_the_live_tail() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     for n in 0..5 {
         writer.append(numbered(n)).unwrap();
     }
@@ -78,7 +78,7 @@ async fn late_joiner_gets_everything_so_far_at_once_then_the_live_tail() {
 
 #[tokio::test]
 async fn a_reader_waiting_on_the_tail_is_woken_by_each_append() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let reader = log.reader(CallerUsage::Asked);
     let follower = tokio::spawn(drain(reader));
     for n in 0..100 {
@@ -93,7 +93,7 @@ async fn a_reader_waiting_on_the_tail_is_woken_by_each_append() {
 
 #[tokio::test]
 async fn a_reader_that_never_reads_does_not_hold_up_the_writer_or_others() {
-    let (log, mut writer) = StreamLog::new(usize::MAX);
+    let (log, mut writer) = super::chat_log(usize::MAX);
     let _stuck = log.reader(CallerUsage::Asked);
     let fast = tokio::spawn(drain(log.reader(CallerUsage::Asked)));
     // The writer never waits: every append returns at once, whatever the readers do.
@@ -108,7 +108,7 @@ async fn a_reader_that_never_reads_does_not_hold_up_the_writer_or_others() {
 
 #[tokio::test]
 async fn readers_share_the_logs_bytes_rather_than_copies() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     writer.append(numbered(7)).unwrap();
     writer.finish();
     let a = drain(log.reader(CallerUsage::Asked)).await;
@@ -121,7 +121,7 @@ async fn readers_share_the_logs_bytes_rather_than_copies() {
 
 #[tokio::test]
 async fn a_failed_log_ends_every_reader_with_the_error_event() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let early = log.reader(CallerUsage::Asked);
     writer.append(numbered(0)).unwrap();
     let error = error_event("boom");
@@ -136,7 +136,7 @@ async fn a_failed_log_ends_every_reader_with_the_error_event() {
 #[tokio::test]
 async fn appending_past_the_bound_fails_the_log_for_everyone() {
     let one = numbered(1).len();
-    let (log, mut writer) = StreamLog::new(2 * one);
+    let (log, mut writer) = super::chat_log(2 * one);
     let reader = log.reader(CallerUsage::Asked);
     writer.append(numbered(1)).unwrap();
     writer.append(numbered(2)).unwrap();
@@ -155,7 +155,7 @@ async fn appending_past_the_bound_fails_the_log_for_everyone() {
 
 #[tokio::test]
 async fn a_dropped_writer_fails_the_log_instead_of_leaving_readers_waiting() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let reader = log.reader(CallerUsage::Asked);
     writer.append(numbered(0)).unwrap();
     let follower = tokio::spawn(drain(reader));
@@ -175,7 +175,7 @@ async fn a_dropped_writer_fails_the_log_instead_of_leaving_readers_waiting() {
 
 #[tokio::test]
 async fn finishing_after_the_end_changes_nothing() {
-    let (log, mut writer) = StreamLog::new(numbered(1).len());
+    let (log, mut writer) = super::chat_log(numbered(1).len());
     writer.append(numbered(1)).unwrap();
     assert!(writer.append(numbered(2)).is_err());
     writer.finish();
@@ -185,7 +185,7 @@ async fn finishing_after_the_end_changes_nothing() {
 
 #[tokio::test]
 async fn abandoned_resolves_when_the_last_reader_goes_and_not_before_any_came() {
-    let (log, _writer) = StreamLog::new(1 << 20);
+    let (log, _writer) = super::chat_log(1 << 20);
     assert!(
         log.abandoned().now_or_never().is_none(),
         "nobody joined yet"
@@ -208,7 +208,7 @@ async fn abandoned_resolves_when_the_last_reader_goes_and_not_before_any_came() 
 
 #[tokio::test]
 async fn ended_waits_for_the_writer() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let mut ended = Box::pin(log.ended());
     assert!((&mut ended).now_or_never().is_none());
     writer.append(numbered(0)).unwrap();
@@ -221,7 +221,7 @@ async fn ended_waits_for_the_writer() {
 
 #[tokio::test]
 async fn a_caller_who_did_not_ask_never_sees_usage() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let content = event(r#"{"choices":[{"index":0,"delta":{"content":"hi"}}],"usage":null}"#);
     let usage = event(r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#);
     writer.append(content.clone()).unwrap();
@@ -249,17 +249,17 @@ async fn a_caller_who_did_not_ask_never_sees_usage() {
 #[tokio::test]
 async fn a_replayed_log_serves_a_cached_stream_through_the_same_readers() {
     let cached = vec![numbered(0), numbered(1), Bytes::from_static(DONE_EVENT)];
-    let log = StreamLog::replay(&crate::sse::CHAT, cached.clone());
+    let log = StreamLog::replay(&crate::wire::chat::STREAM, cached.clone());
     assert_eq!(log.end(), Some(LogEnd::Done));
     assert_eq!(drain(log.reader(CallerUsage::Asked)).await, cached);
     // Without the trailing [DONE] too.
-    let log = StreamLog::replay(&crate::sse::CHAT, cached[..2].to_vec());
+    let log = StreamLog::replay(&crate::wire::chat::STREAM, cached[..2].to_vec());
     assert_eq!(drain(log.reader(CallerUsage::Asked)).await, cached);
 }
 
 #[tokio::test]
 async fn the_reader_streams_through_an_axum_body() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let reader = log.reader(CallerUsage::Asked);
     let body = axum::body::Body::from_stream(reader.into_stream());
     writer.append(numbered(0)).unwrap();
@@ -278,7 +278,7 @@ async fn the_reader_streams_through_an_axum_body() {
 #[tokio::test]
 async fn a_reader_that_falls_too_far_behind_a_live_stream_is_cut_with_an_error_event() {
     let (log, mut writer) = StreamLog::with_limits(
-        &crate::sse::CHAT,
+        &crate::wire::chat::STREAM,
         crate::sse::LogLimits {
             max_bytes: 1 << 20,
             max_reader_lag: 100,
@@ -323,7 +323,7 @@ async fn a_reader_that_falls_too_far_behind_a_live_stream_is_cut_with_an_error_e
 #[tokio::test]
 async fn a_finished_log_is_never_cut_for_lag() {
     let (log, mut writer) = StreamLog::with_limits(
-        &crate::sse::CHAT,
+        &crate::wire::chat::STREAM,
         crate::sse::LogLimits {
             max_bytes: 1 << 20,
             max_reader_lag: 10,
@@ -342,7 +342,7 @@ async fn a_finished_log_is_never_cut_for_lag() {
 async fn the_tally_counts_a_log_while_any_handle_lives_and_returns_to_zero() {
     let tally = crate::sse::LogBytes::default();
     let (log, mut writer) = StreamLog::with_limits(
-        &crate::sse::CHAT,
+        &crate::wire::chat::STREAM,
         crate::sse::LogLimits {
             max_bytes: 1 << 20,
             max_reader_lag: usize::MAX,
@@ -362,7 +362,7 @@ async fn the_tally_counts_a_log_while_any_handle_lives_and_returns_to_zero() {
 
 #[tokio::test]
 async fn an_interrupted_log_ends_every_reader_with_the_given_error_event() {
-    let (log, mut writer) = StreamLog::new(1 << 20);
+    let (log, mut writer) = super::chat_log(1 << 20);
     let reader = log.reader(CallerUsage::Asked);
     writer.append(numbered(1)).unwrap();
     let cut = error_event("shutting down");

@@ -11,9 +11,9 @@ use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Map, Value, json};
 
 use super::DEADLINE;
-use crate::sse::{
-    BrokenStream, CallerUsage, RelayOutcome, RelaySummary, StreamLog, assemble,
-    force_include_usage, relay_response,
+use crate::{
+    sse::{BrokenStream, CallerUsage, RelayOutcome, RelaySummary, StreamLog, relay_response},
+    wire::chat::{assemble, force_include_usage},
 };
 use mock_upstream::{MockProvider, MockSettings};
 
@@ -61,7 +61,7 @@ async fn relay_stream(
 ) -> (RelaySummary, StreamLog) {
     let upstream = force_include_usage(body);
     let response = post(mock, path, upstream.body).await;
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let summary = tokio::time::timeout(DEADLINE, relay_response(response, writer, STALL, DEADLINE))
         .await
         .expect("the relay should finish");

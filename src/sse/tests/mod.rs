@@ -42,3 +42,16 @@ fn stalled_body(
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     body(chunks).chain(futures::stream::pending())
 }
+
+/// An empty log of chat events (`data:` events, `[DONE]` last) holding at
+/// most `max_bytes`, and its one writer.
+fn chat_log(max_bytes: usize) -> (super::StreamLog, super::StreamWriter) {
+    super::StreamLog::with_limits(
+        &crate::wire::chat::STREAM,
+        super::LogLimits {
+            max_bytes,
+            max_reader_lag: usize::MAX,
+            tally: None,
+        },
+    )
+}

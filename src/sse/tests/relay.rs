@@ -22,7 +22,7 @@ fn bytes(text: &str) -> Bytes {
 }
 
 async fn relay_chunks(chunks: Vec<Bytes>) -> (RelaySummary, StreamLog) {
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let summary = relay(body(chunks), writer, STALL).await;
     (summary, log)
 }
@@ -113,7 +113,7 @@ async fn invalid_utf8_is_broken() {
 
 #[tokio::test(start_paused = true)]
 async fn no_event_within_the_stall_timeout_is_broken() {
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let reader = log.reader(crate::sse::CallerUsage::Asked);
     let relayed = tokio::spawn(relay(
         stalled_body(vec![bytes("data: {\"n\":1}\n\n")]),
@@ -133,7 +133,7 @@ async fn no_event_within_the_stall_timeout_is_broken() {
 
 #[tokio::test(start_paused = true)]
 async fn the_relay_returns_at_done_without_waiting_for_the_body_to_end() {
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let raw = "data: {\"n\":1}\n\ndata: [DONE]\n\ndata: {\"after\":true}\n\n";
     let summary = relay(stalled_body(vec![bytes(raw)]), writer, STALL).await;
     assert!(summary.completed(), "{summary:?}");
@@ -143,7 +143,7 @@ async fn the_relay_returns_at_done_without_waiting_for_the_body_to_end() {
 
 #[tokio::test]
 async fn a_transport_error_is_broken_without_its_detail_reaching_clients() {
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let input = futures::stream::iter(vec![
         Ok(bytes("data: {\"n\":1}\n\n")),
         Err(std::io::Error::other("connection reset by 10.0.0.7")),
@@ -184,7 +184,7 @@ async fn the_providers_own_error_event_is_relayed_as_the_last_event() {
 async fn a_stream_past_the_bound_is_broken() {
     // The log's bound.
     let one = event(r#"{"n":1}"#).len();
-    let (log, writer) = StreamLog::new(2 * one);
+    let (log, writer) = super::chat_log(2 * one);
     let raw = "data: {\"n\":1}\n\n".repeat(3);
     let summary = relay(body(vec![bytes(&raw)]), writer, STALL).await;
     assert_eq!(
@@ -194,7 +194,7 @@ async fn a_stream_past_the_bound_is_broken() {
     assert_ends_with_error(&summary, &log);
 
     // The raw body's bound: one endless line never becomes an event, yet is cut.
-    let (log, writer) = StreamLog::new(1024);
+    let (log, writer) = super::chat_log(1024);
     let line = vec![Bytes::from(vec![b'x'; 600]); 3];
     let summary = relay(body(line), writer, STALL).await;
     assert_eq!(
@@ -270,7 +270,7 @@ fn relayed(chunks: Vec<Bytes>) -> (Vec<Bytes>, RelayOutcome) {
         .build()
         .expect("a runtime");
     let summary = runtime.block_on(async {
-        let (_log, writer) = StreamLog::new(1 << 16);
+        let (_log, writer) = super::chat_log(1 << 16);
         relay(body(chunks), writer, STALL).await
     });
     (summary.events, summary.outcome)
@@ -336,7 +336,7 @@ async fn a_stream_that_drips_past_its_total_deadline_is_broken_though_it_never_s
         let chunk = Bytes::from(format!("data: {{\"n\":{n}}}\n\n"));
         Some((Ok::<_, std::io::Error>(chunk), n + 1))
     });
-    let (log, writer) = StreamLog::new(1 << 20);
+    let (log, writer) = super::chat_log(1 << 20);
     let reader = log.reader(crate::sse::CallerUsage::Asked);
     let started = tokio::time::Instant::now();
     let summary = crate::sse::relay_until(drip, writer, STALL, Some(Duration::from_secs(5))).await;
@@ -384,7 +384,7 @@ async fn the_shipped_defaults_let_a_model_think_for_minutes_but_not_fall_silent(
     };
     let total = Some(defaults.upstreams[0].request_timeout);
     let relay = |thinking: Duration, gap: Duration| async move {
-        let (_log, writer) = StreamLog::new(1 << 20);
+        let (_log, writer) = super::chat_log(1 << 20);
         crate::sse::relay_until(thinking_body(thinking, gap), writer, silence, total).await
     };
     let thought = relay(Duration::from_secs(9 * 60), Duration::from_secs(5)).await;

@@ -4,7 +4,10 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::event;
-use crate::sse::{CallerUsage, DONE_EVENT, force_include_usage, without_usage};
+use crate::{
+    sse::{CallerUsage, DONE_EVENT, without_usage},
+    wire::chat::force_include_usage,
+};
 
 fn map(value: Value) -> serde_json::Map<String, Value> {
     match value {

@@ -1,4 +1,4 @@
-//! One cache entry for both kinds of caller: [`assemble`] turns a completed stream into the
+//! Chat's and Completions' conversions: one cache entry for both kinds of caller: [`assemble`] turns a completed stream into the
 //! non-stream answer it is equivalent to, and [`synthesize`] turns a non-stream answer into a
 //! valid stream.
 //!
@@ -13,28 +13,10 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::{DONE_EVENT, data_event, done_event, event_json};
-
-/// Why a stream could not be assembled, or an answer not synthesized.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConvertError {
-    #[error("event {index} is not a JSON data event")]
-    NotJson { index: usize },
-    #[error("event {index} is an error event")]
-    ErrorEvent { index: usize },
-    #[error("the stream has no completion chunk")]
-    Empty,
-    #[error("event {index} is a {found:?} chunk in a {expected:?} stream")]
-    MixedObjects {
-        index: usize,
-        expected: String,
-        found: String,
-    },
-    #[error("unsupported object {0:?}")]
-    UnsupportedObject(String),
-    #[error("malformed {0}")]
-    Malformed(&'static str),
-}
+use crate::{
+    sse::{DONE_EVENT, data_event, done_event, event_json},
+    wire::{ConvertError, pieces},
+};
 
 /// The two streamed endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +71,6 @@ const HEADER_FIELDS: [&str; 5] = [
 
 /// Delta members that are replaced, not concatenated.
 const REPLACED_FIELDS: [&str; 4] = ["index", "type", "role", "id"];
-
-/// Longest piece of text (in characters) one synthesized delta carries.
-pub const PIECE_CHARS: usize = 64;
 
 /// One choice while its deltas are merged.
 #[derive(Debug, Default)]
@@ -423,22 +402,4 @@ fn chat_deltas(message: &Map<String, Value>) -> Vec<Value> {
         deltas.push(Value::Object(rest));
     }
     deltas
-}
-
-/// `text` cut into pieces of at most [`PIECE_CHARS`] characters, on character boundaries:
-/// the deltas every API's synthesized stream carries its text in.
-pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let end = rest
-            .char_indices()
-            .nth(PIECE_CHARS)
-            .map_or(rest.len(), |(at, _)| at);
-        let (piece, tail) = rest.split_at(end);
-        rest = tail;
-        Some(piece)
-    })
 }

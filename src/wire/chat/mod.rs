@@ -1,16 +1,23 @@
 //! OpenAI Chat Completions and Completions (and Embeddings' completeness and
 //! sampling rules): `data:` stream chunks ending in `data: [DONE]`, usage only
-//! when `stream_options.include_usage` asks for it. The stream conversions
-//! themselves live in `sse/convert.rs` and `sse/usage.rs`, where they began.
+//! when `stream_options.include_usage` asks for it: the stream format
+//! (`stream.rs`) and the conversions between a stream and its answer
+//! (`convert.rs`).
+
+mod convert;
+mod stream;
+
+pub use convert::{assemble, synthesize};
+pub use stream::STREAM;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{Wire, zero_temperature_or_seed};
+use super::{ConvertError, Wire, zero_temperature_or_seed};
 use crate::{
     error::GatewayError,
     fingerprint::{BodyKeying, Endpoint},
-    sse::{self, ConvertError, Format, UpstreamStreamRequest},
+    sse::{CallerUsage, Format, UpstreamStreamRequest},
     validate::{self, InputLimits},
 };
 
@@ -45,21 +52,21 @@ impl Wire for ChatWire {
     }
 
     fn stream_format(&self) -> Format {
-        &sse::CHAT
+        &STREAM
     }
 
     /// Upstream always reports usage, so cost can be accounted; callers who
     /// did not ask for it do not see it.
     fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
-        sse::force_include_usage(body)
+        force_include_usage(body)
     }
 
     fn assemble(&self, events: &[Bytes]) -> Result<Value, ConvertError> {
-        sse::assemble(events)
+        assemble(events)
     }
 
     fn synthesize(&self, answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
-        sse::synthesize(answer)
+        synthesize(answer)
     }
 
     /// Complete when it parses and every choice has a `finish_reason`
@@ -85,6 +92,33 @@ impl Wire for ChatWire {
                             .is_some_and(|reason| !reason.is_null())
                     })
             })
+    }
+}
+
+/// The body to send upstream for a streamed flight: the caller's body with `stream: true` and
+/// `stream_options.include_usage: true`, every other member (other stream options included)
+/// unchanged.
+///
+/// `stream` is forced too because OpenAI rejects `stream_options` on a request that does not
+/// stream, and a flight that also serves non-stream callers streams upstream. A
+/// `stream_options` that is neither absent, `null` nor an object is left alone: the provider
+/// rejects it as it would have without corral, rather than corral quietly repairing it.
+pub fn force_include_usage(body: &Map<String, Value>) -> UpstreamStreamRequest {
+    let caller_usage = CallerUsage::of(body);
+    let mut upstream = body.clone();
+    upstream.insert("stream".to_owned(), Value::Bool(true));
+    let options = upstream
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if options.is_null() {
+        *options = Value::Object(Map::new());
+    }
+    if let Value::Object(options) = options {
+        options.insert("include_usage".to_owned(), Value::Bool(true));
+    }
+    UpstreamStreamRequest {
+        body: Bytes::from(Value::Object(upstream).to_string()),
+        caller_usage,
     }
 }
 
