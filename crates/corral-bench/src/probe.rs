@@ -28,18 +28,24 @@ pub fn origin_of(url: &str) -> String {
     format!("{scheme}://{authority}")
 }
 
-/// The mock provider's billable-call counter.
-pub async fn mock_calls(client: &reqwest::Client, mock_url: &str) -> anyhow::Result<u64> {
-    let url = format!("{}/__mock/calls", origin_of(mock_url));
-    let body: Value = client
-        .get(&url)
+/// `GET url`, a success status, a JSON body: what the suite reads of the
+/// gateway's `/stats` and the mock's control routes.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> anyhow::Result<Value> {
+    client
+        .get(url)
         .send()
         .await
         .with_context(|| format!("GET {url}"))?
         .error_for_status()?
         .json()
         .await
-        .with_context(|| format!("GET {url}: not JSON"))?;
+        .with_context(|| format!("GET {url}: not JSON"))
+}
+
+/// The mock provider's billable-call counter.
+pub async fn mock_calls(client: &reqwest::Client, mock_url: &str) -> anyhow::Result<u64> {
+    let url = format!("{}/__mock/calls", origin_of(mock_url));
+    let body = get_json(client, &url).await?;
     body["calls"]
         .as_u64()
         .with_context(|| format!("GET {url}: no `calls` count in {body}"))

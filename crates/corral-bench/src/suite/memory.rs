@@ -210,13 +210,8 @@ impl Bench {
             probe::origin_of(&self.mock.ready),
             LIVE_DEADLINE.as_millis()
         );
-        let ends: Value = reqwest::Client::new()
-            .get(&url)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
+        // A client of its own: the probe's timeout is shorter than this wait.
+        let ends = probe::get_json(&reqwest::Client::new(), &url).await?;
         ensure!(
             ends["reached"] == true,
             "only {} of {streams} streams reached their end in the mock",
@@ -350,17 +345,7 @@ impl Bench {
     }
 
     async fn stats(&self, corral: &Service) -> anyhow::Result<Value> {
-        let url = format!("{}/stats", corral.ready);
-        let stats = self
-            .probe
-            .get(&url)
-            .send()
-            .await
-            .with_context(|| format!("GET {url}"))?
-            .error_for_status()?
-            .json()
-            .await?;
-        Ok(stats)
+        probe::get_json(&self.probe, &format!("{}/stats", corral.ready)).await
     }
 }
 
