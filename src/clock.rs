@@ -18,6 +18,13 @@ use std::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// Whole seconds to wait, rounded up, at least one: what `Retry-After` can
+/// say of a wait (a rate limit's, a budget window's).
+pub fn retry_after_secs(wait: Duration) -> Duration {
+    Duration::from_secs(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+        .max(Duration::from_secs(1))
+}
+
 /// Runs `tick` every `interval` until `stop`: the first at once, and a tick
 /// that runs late delays the next rather than bunching them (the background
 /// flushes of the ledger and the budgets).
@@ -92,5 +99,21 @@ impl Clock for ManualClock {
 
     fn instant(&self) -> Instant {
         self.origin + Duration::from_millis(self.advanced_ms.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        for (wait, said) in [(0, 1), (1, 1), (1000, 1), (2100, 3), (3000, 3)] {
+            assert_eq!(
+                retry_after_secs(Duration::from_millis(wait)),
+                Duration::from_secs(said),
+                "{wait} ms"
+            );
+        }
     }
 }

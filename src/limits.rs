@@ -37,7 +37,7 @@ use governor::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
-    clock::Clock,
+    clock::{Clock, retry_after_secs},
     config::{Config, RateConfig, TenantLimitsConfig},
     error::GatewayError,
     tenant::TenantScope,
@@ -74,11 +74,6 @@ fn quota(rate: &RateConfig) -> Quota {
     let rps = NonZeroU32::new(rate.rps).unwrap_or(NonZeroU32::MIN);
     let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
     Quota::per_second(rps).allow_burst(burst)
-}
-
-/// Whole seconds to wait, rounded up, at least one (what `Retry-After` can say).
-pub fn retry_after_secs(wait: Duration) -> Duration {
-    Duration::from_secs(wait.as_secs_f64().ceil().max(1.0) as u64)
 }
 
 /// One token bucket (GCRA): the per-upstream request rate.
@@ -368,17 +363,5 @@ mod tests {
         for _ in 0..100 {
             drop(admit(&b).unwrap());
         }
-    }
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
-        assert_eq!(
-            retry_after_secs(Duration::from_millis(1)),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            retry_after_secs(Duration::from_millis(2100)),
-            Duration::from_secs(3)
-        );
     }
 }

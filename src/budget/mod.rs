@@ -38,7 +38,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use window::{Period, Window};
 
-use crate::{clock::Clock, error::GatewayError};
+use crate::{
+    clock::{Clock, retry_after_secs},
+    error::GatewayError,
+};
 
 /// A `tenant` that stands for every tenant no other rule names.
 pub const EVERY_TENANT: &str = "*";
@@ -358,7 +361,7 @@ impl Budgets {
             let (used, window) = spent(rule.per, subject, Measure::Nanodollars);
             if used >= limit {
                 return Err(GatewayError::BudgetExceeded {
-                    retry_after: whole_seconds(window.left(now)),
+                    retry_after: retry_after_secs(window.left(now)),
                     what: format!(
                         "the budget of {} (${} per {})",
                         rule.subject(),
@@ -373,7 +376,7 @@ impl Budgets {
             let (used, window) = spent(MINUTE, Subject::Tenant(tenant_name), Measure::Tokens);
             if used >= limit {
                 return Err(GatewayError::BudgetExceeded {
-                    retry_after: whole_seconds(window.left(now)),
+                    retry_after: retry_after_secs(window.left(now)),
                     what: format!("this API key's token rate ({limit} tokens per minute)"),
                     code: "token_rate_exceeded",
                 });
@@ -638,12 +641,6 @@ fn tenants_in(state: &State, period: Period, window: Window) -> usize {
                 && matches!(counter.subject, Subject::Tenant(_))
         })
         .count()
-}
-
-/// Whole seconds, rounded up, at least one (what `Retry-After` can say).
-fn whole_seconds(wait: Duration) -> Duration {
-    Duration::from_secs(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
-        .max(Duration::from_secs(1))
 }
 
 /// Flushes `budgets` every `interval` until `stop`.

@@ -33,10 +33,10 @@ use tokio::{
 
 use crate::breaker::{Breaker, Permit};
 use crate::{
-    clock::Clock,
+    clock::{Clock, retry_after_secs},
     config::{RetryConfig, UpstreamConfig},
     error::GatewayError,
-    limits::{Rate, retry_after_secs},
+    limits::Rate,
 };
 
 /// The retry budget's window.
