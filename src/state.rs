@@ -123,7 +123,9 @@ impl AppState {
     /// the metrics and against the budgets, once per call.
     pub fn billed(&self, bill: &crate::metrics::Attribution, usage: Option<crate::usage::Usage>) {
         self.metrics.upstream_usage(bill, usage);
-        if let Some(usage) = &usage {
+        if let Some(usage) = &usage
+            && self.budgets.is_active()
+        {
             let picos = bill.model.cost(usage).map(|cost| cost.0);
             self.budgets
                 .spend(&bill.tenant, &bill.upstream, picos, usage.total());

@@ -329,7 +329,7 @@ impl Budgets {
     /// used up, or the tenant's token rate is. The first check after a start
     /// waits for the fleet's spend to be read (bounded by Redis' own
     /// deadline; without Redis it fails open).
-    pub async fn admit(&self, tenant: &str, upstream: &str) -> Result<(), GatewayError> {
+    pub async fn admit(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Result<(), GatewayError> {
         if !self.is_active() {
             return Ok(());
         }
@@ -339,7 +339,7 @@ impl Budgets {
         self.check(tenant, upstream)
     }
 
-    fn check(&self, tenant: &str, upstream: &str) -> Result<(), GatewayError> {
+    fn check(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Result<(), GatewayError> {
         let now = self.clock.now_ms();
         let state = self.lock();
         let spent = |period: Period, subject: Subject, measure: Measure| {
@@ -347,8 +347,8 @@ impl Budgets {
             let used = state.counts.get(&counter).map_or(0, Count::total);
             (used, counter.window)
         };
-        let tenant_name: Arc<str> = tenant.into();
-        let upstream_name: Arc<str> = upstream.into();
+        // The names are the attribution's own `Arc`s: a counter key costs a count, not a copy.
+        let (tenant_name, upstream_name) = (tenant.clone(), upstream.clone());
         let rules = self
             .tenant_rules(tenant)
             .map(|rule| (rule, Subject::Tenant(tenant_name.clone())))
@@ -444,14 +444,14 @@ impl Budgets {
 
     /// What is left of the budgets covering `tenant` and `upstream`, in USD:
     /// the least of them, never below 0; `None` when no budget covers either.
-    pub fn remaining_usd(&self, tenant: &str, upstream: &str) -> Option<f64> {
+    pub fn remaining_usd(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Option<f64> {
         if self.rules.is_empty() {
             return None;
         }
         let now = self.clock.now_ms();
         let state = self.lock();
-        let tenant_name: Arc<str> = tenant.into();
-        let upstream_name: Arc<str> = upstream.into();
+        // The names are the attribution's own `Arc`s: a counter key costs a count, not a copy.
+        let (tenant_name, upstream_name) = (tenant.clone(), upstream.clone());
         self.tenant_rules(tenant)
             .map(|rule| (rule, Subject::Tenant(tenant_name.clone())))
             .chain(

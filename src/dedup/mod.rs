@@ -239,7 +239,9 @@ async fn serve_parsed(
             false,
             None,
         );
-        budget_left(response.headers_mut(), &app, &bill, CacheStatus::Bypass);
+        response
+            .headers_mut()
+            .extend(budget_left(&app, &bill, CacheStatus::Bypass));
         return Ok(response);
     }
     if endpoint == Endpoint::Embeddings {
@@ -398,7 +400,9 @@ fn complete_response(
                 response.headers_mut().insert(header::AGE, age_value(age));
             }
             own_echo(&mut response, echo, &shared);
-            budget_left(response.headers_mut(), app, bill, status);
+            response
+                .headers_mut()
+                .extend(budget_left(app, bill, status));
             response
         }
         Err(error) => {
@@ -512,8 +516,8 @@ async fn serve_stream(
     tracing::debug!(cache = status.as_str(), fingerprint = %request.fingerprint.short_hex(), "served");
     // Each caller reads its own label fields in the lifecycle events.
     let echo = request.echo.clone();
-    let mut budget_headers = HeaderMap::new();
-    budget_left(&mut budget_headers, &app, &bill, status);
+    // Before `bill` goes to the saving counted at the stream's end.
+    let budget = budget_left(&app, &bill, status);
     let events = sse::with_keepalive(reader.into_stream(), app.config.coalesce.keepalive_interval)
         .map(move |event| {
             event.map(|event| match &echo {
@@ -530,7 +534,7 @@ async fn serve_stream(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_status_headers(headers, &request, status, stored, age);
-    headers.extend(budget_headers);
+    headers.extend(budget);
     Ok(response)
 }
 

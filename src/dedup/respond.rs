@@ -88,20 +88,18 @@ pub const BUDGET_HEADER: &str = "x-corral-budget-remaining-usd";
 /// Tells a caller billed for its answer (MISS, BYPASS) what is left of the
 /// budgets covering it: the least of them, never below 0. A stream's head
 /// leaves before its cost is known, so it says what was left when it began.
+/// `None` for an answer the caller was not billed for, or no budget covering it.
 pub(super) fn budget_left(
-    headers: &mut HeaderMap,
     app: &AppState,
     bill: &Attribution,
     status: CacheStatus,
-) {
+) -> Option<(HeaderName, HeaderValue)> {
     if !matches!(status, CacheStatus::Miss | CacheStatus::Bypass) {
-        return;
+        return None;
     }
-    if let Some(left) = app.budgets.remaining_usd(&bill.tenant, &bill.upstream)
-        && let Ok(value) = HeaderValue::from_str(&format!("{left:.9}"))
-    {
-        headers.insert(HeaderName::from_static(BUDGET_HEADER), value);
-    }
+    let left = app.budgets.remaining_usd(&bill.tenant, &bill.upstream)?;
+    let value = HeaderValue::from_str(&format!("{left:.9}")).ok()?;
+    Some((HeaderName::from_static(BUDGET_HEADER), value))
 }
 
 pub(super) fn set_status_headers(
