@@ -1,7 +1,7 @@
 //! `CORRAL_*` environment overrides: `CORRAL_A__B__0__C=value` sets `a.b[0].c`,
 //! for the keys the configuration has; any other variable is left alone.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::LazyLock};
 
 use serde_yaml_ng::{Mapping, Value};
 
@@ -30,7 +30,7 @@ pub(super) fn apply_env_overrides(
     tree: &mut Value,
     env: &BTreeMap<&str, &str>,
 ) -> Result<Vec<String>, ConfigError> {
-    let settings = Setting::of_config();
+    let settings = &*SETTINGS;
     let mut ignored = Vec::new();
     for (var, value) in env {
         let path = match ENV_ALIASES.iter().find(|(alias, _)| alias == var) {
@@ -59,6 +59,9 @@ pub(super) fn apply_env_overrides(
     }
     Ok(ignored)
 }
+
+/// The settings of [`Config`], derived once a process.
+static SETTINGS: LazyLock<Setting> = LazyLock::new(Setting::of_config);
 
 /// Every setting's path, as a tree derived from the configuration's own types
 /// (their JSON schema, `schemars`): a new field is settable from the
