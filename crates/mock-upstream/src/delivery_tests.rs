@@ -6,6 +6,17 @@ use serde_json::{Value, json};
 use super::super::test_support::{DEADLINE, client, post_to, start, streamed_content, with};
 use super::StreamsAtEnd;
 
+/// The whole body of a streamed chat about `text`, read to its end.
+async fn stream_body(mock: &crate::MockProvider, text: &str) -> String {
+    post_to(mock, "/chat/completions", &streamed_chat(text))
+        .send()
+        .await
+        .expect("a stream")
+        .text()
+        .await
+        .expect("its body")
+}
+
 fn streamed_chat(text: &str) -> Value {
     json!({
         "model": "gpt-4o-mini",
@@ -37,24 +48,12 @@ fn chunks(body: &str) -> (Vec<Value>, bool) {
 #[tokio::test]
 async fn a_padded_stream_is_at_least_its_size_in_ordinary_content_chunks() {
     let mock = start().await;
-    let plain = post_to(&mock, "/chat/completions", &streamed_chat("pad me"))
-        .send()
-        .await
-        .expect("plain stream")
-        .text()
-        .await
-        .expect("body");
+    let plain = stream_body(&mock, "pad me").await;
     let (plain_chunks, _) = chunks(&plain);
 
     let size = 300_000;
     mock.set_stream_padding(size);
-    let padded = post_to(&mock, "/chat/completions", &streamed_chat("pad me"))
-        .send()
-        .await
-        .expect("padded stream")
-        .text()
-        .await
-        .expect("body");
+    let padded = stream_body(&mock, "pad me").await;
     assert!(padded.len() >= size, "{} bytes", padded.len());
     assert!(
         padded.len() < size + 1_000,
@@ -87,13 +86,7 @@ async fn a_padded_stream_is_at_least_its_size_in_ordinary_content_chunks() {
 
     // Other formats are not padded, and 0 turns it off.
     mock.set_stream_padding(0);
-    let again = post_to(&mock, "/chat/completions", &streamed_chat("pad me"))
-        .send()
-        .await
-        .expect("stream")
-        .text()
-        .await
-        .expect("body");
+    let again = stream_body(&mock, "pad me").await;
     assert_eq!(streamed_content(&chunks(&again).0), plain_text);
 }
 
@@ -137,13 +130,7 @@ async fn held_streams_send_all_but_their_end_and_are_counted_until_released() {
     assert_eq!(mock.streams_at_end(), StreamsAtEnd::default());
 
     // Released: streams no longer wait; a new hold holds again; a reset lets go.
-    let body = post_to(&mock, "/chat/completions", &streamed_chat("free"))
-        .send()
-        .await
-        .expect("stream")
-        .text()
-        .await
-        .expect("body");
+    let body = stream_body(&mock, "free").await;
     assert!(chunks(&body).1);
     mock.hold_stream_ends();
     let held = {
