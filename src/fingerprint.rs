@@ -157,6 +157,28 @@ pub struct Normalization {
     pub labels: LabelFields,
 }
 
+/// A fingerprint's first 12 hex digits ([`Fingerprint::short_hex`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ShortHex([u8; 12]);
+
+impl ShortHex {
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+impl std::fmt::Display for ShortHex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for ShortHex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// SHA-256 over a request's key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fingerprint([u8; 32]);
@@ -204,9 +226,11 @@ impl Fingerprint {
     }
 
     /// The first 12 hex digits: enough to find a request's siblings in logs,
-    /// too few to matter as a key.
-    pub fn short_hex(&self) -> String {
-        hex::encode(&self.0[..6])
+    /// too few to matter as a key. On the stack: every access line has one.
+    pub fn short_hex(&self) -> ShortHex {
+        let mut digits = [0u8; 12];
+        hex::encode_to_slice(&self.0[..6], &mut digits).expect("12 hex digits for 6 bytes");
+        ShortHex(digits)
     }
 
     /// Parses the hex form (as announced over pub/sub).

@@ -13,7 +13,6 @@ pub mod coalesce;
 pub mod config;
 pub mod crypto;
 pub mod dedup;
-pub mod embeddings;
 pub mod error;
 pub mod fingerprint;
 pub mod held_body;

@@ -17,65 +17,52 @@ use crate::{
     cluster::{Cluster, RedisBudgets, RedisLedger, RedisPurges},
     coalesce::{Coalescer, FailureMemory, FlightContext},
     config::Config,
+    dedup::{Dedup, DedupParts, stream_log_limits, stream_silence},
     ledger::{self, LedgerStore},
     limits::Limits,
     metrics::Metrics,
-    passthrough::Policy,
+    passthrough::{Passthrough, Policy},
     purge::{PurgeStore, Purges},
     retry_window::RetryWindow,
-    sse::LogLimits,
     traces::Traces,
     upstream::{Routes, Upstream},
 };
 
-fn stream_log_limits(config: &Config, metrics: &Metrics) -> LogLimits {
-    LogLimits {
-        max_bytes: config.limits.max_response_bytes,
-        max_reader_lag: config.coalesce.max_reader_lag_bytes,
-        tally: Some(metrics.stream_log_bytes()),
-    }
-}
-
+/// See the module documentation. Its fields are its own: the edge, the
+/// reports and the server take the parts they need through its methods.
 #[derive(Debug)]
 pub struct AppState {
-    pub config: Config,
-    pub routes: Routes,
-    /// `config.upstreams[i].name`, indexed like the routes.
-    pub upstream_names: Vec<String>,
-    /// `config.upstreams[i].identity()`, what keys name an upstream by.
-    pub upstream_keys: Vec<String>,
-    pub cache: Arc<dyn CacheStore>,
-    pub coalescer: Coalescer,
-    pub upstream: Upstream,
+    config: Config,
+    /// The deduplicated endpoints' service.
+    dedup: Arc<Dedup>,
+    upstream: Arc<Upstream>,
+    routes: Arc<Routes>,
+    /// The answers' store (the reports read its size).
+    cache: Arc<dyn CacheStore>,
     /// Requests, tokens and cost; this gateway's own registry.
-    pub metrics: Metrics,
-    pub clock: Arc<dyn Clock>,
+    metrics: Metrics,
     /// Redis coordination, when configured.
-    pub cluster: Option<Arc<Cluster>>,
-    /// Completed answers kept for the client's retries; `None` when off.
-    pub retry_window: Option<Arc<RetryWindow>>,
+    cluster: Option<Arc<Cluster>>,
     /// Detached work (flights, refreshes) that shutdown waits for.
-    pub tasks: TaskTracker,
+    tasks: TaskTracker,
     /// Gateway keys and the keyed tenant scope.
-    pub auth: Auth,
+    auth: Arc<Auth>,
     /// Which pass-through endpoints are proxied (`passthrough/`).
-    pub passthrough_policy: Policy,
+    passthrough_policy: Policy,
     /// Per-tenant rate and the global cap on requests served at once.
-    pub limits: Limits,
+    limits: Limits,
     /// Spend budgets and the per-tenant token rate, checked before a new upstream call.
-    pub budgets: Arc<Budgets>,
+    budgets: Arc<Budgets>,
     /// Cancelled when the shutdown drain times out: running upstream calls end.
-    pub cut_upstream: CancellationToken,
+    cut_upstream: CancellationToken,
     /// The cluster ledger `/stats` reads, when Redis is configured.
-    pub ledger: Option<Arc<dyn LedgerStore>>,
+    ledger: Option<Arc<dyn LedgerStore>>,
     /// Purge generations: the key every answer is stored and read under.
-    pub purges: Arc<Purges>,
-    /// What requests seen before derive to, so their repeats skip the parse.
-    pub memo: crate::memo::RequestMemo,
+    purges: Arc<Purges>,
     /// Cancelled as soon as shutdown begins: `/readyz` answers 503 from then on.
-    pub draining: CancellationToken,
+    draining: CancellationToken,
     /// Trace export (`telemetry.otlp`); `None`: off, nothing built, nothing paid.
-    pub traces: Option<Traces>,
+    traces: Option<Traces>,
     /// Stops the background loops (Redis subscriber, prober, ledger flusher) with the state.
     _background: DropGuard,
 }
@@ -98,53 +85,79 @@ impl AppState {
     }
 
     /// The pass-through, with what it needs of this gateway.
-    pub fn passthrough(&self) -> crate::passthrough::Passthrough<'_> {
-        crate::passthrough::Passthrough {
-            upstream: &self.upstream,
-            routes: &self.routes,
-            policy: &self.passthrough_policy,
-            upstreams: &self.config.upstreams,
-            stream_stall_timeout: self.config.coalesce.stream_stall_timeout,
-            cut_upstream: &self.cut_upstream,
-        }
+    pub fn passthrough(&self) -> Passthrough<'_> {
+        Passthrough::new(
+            &self.upstream,
+            &self.routes,
+            &self.passthrough_policy,
+            &self.config.upstreams,
+            self.config.coalesce.stream_stall_timeout,
+            &self.cut_upstream,
+        )
     }
 
-    /// Whether a new upstream call may start for `bill`'s tenant and upstream:
-    /// 429 when a budget or the token rate is used up. Asked only where a call
-    /// would start, never of an answer the cache or a flight already has.
-    pub async fn may_call_upstream(
-        &self,
-        bill: &crate::metrics::Attribution,
-    ) -> Result<(), crate::error::GatewayError> {
-        self.budgets.admit(&bill.tenant, &bill.upstream).await
+    /// The deduplicated endpoints' service.
+    pub fn dedup(&self) -> &Arc<Dedup> {
+        &self.dedup
     }
 
-    /// What one upstream call billed (`usage`; `None`: unknown), counted in
-    /// the metrics and against the budgets, once per call.
-    pub fn billed(&self, bill: &crate::metrics::Attribution, usage: Option<crate::usage::Usage>) {
-        self.metrics.upstream_usage(bill, usage);
-        if let Some(usage) = &usage
-            && self.budgets.is_active()
-        {
-            let picos = bill.model.cost(usage).map(|cost| cost.0);
-            self.budgets
-                .spend(&bill.tenant, &bill.upstream, picos, usage.total());
-        }
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
-    /// What `DedupRequest::parse` holds requests to: cache settings, input
-    /// limits and the tenant key.
-    pub fn request_rules(&self) -> crate::request::RequestRules<'_> {
-        crate::request::RequestRules {
-            cache: &self.config.cache,
-            limits: crate::validate::InputLimits::from(&self.config.limits),
-            tenant_key: self.auth.tenant_key(),
-        }
+    /// The upstream client: its circuits and names, for the health report.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
     }
 
-    /// How this gateway's stream logs are bounded and counted.
-    pub fn stream_log_limits(&self) -> LogLimits {
-        stream_log_limits(&self.config, &self.metrics)
+    /// The answers' store, for the reports.
+    pub fn cache(&self) -> &dyn CacheStore {
+        &*self.cache
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Redis coordination, when configured.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Detached work (flights, refreshes) that shutdown waits for.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    pub fn auth(&self) -> &Auth {
+        &self.auth
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
+    }
+
+    pub fn purges(&self) -> &Purges {
+        &self.purges
+    }
+
+    /// Cancelled when the shutdown drain times out: running upstream calls end.
+    pub fn cut_upstream(&self) -> &CancellationToken {
+        &self.cut_upstream
+    }
+
+    /// Cancelled as soon as shutdown begins.
+    pub fn draining(&self) -> &CancellationToken {
+        &self.draining
+    }
+
+    /// Trace export, when on.
+    pub fn traces(&self) -> Option<&Traces> {
+        self.traces.as_ref()
     }
 
     pub fn build(config: Config) -> anyhow::Result<Self> {
@@ -242,43 +255,50 @@ impl AppState {
             config.coalesce.clone(),
             tasks.clone(),
         );
+        let routes = Arc::new(Routes::new(&config.upstreams));
+        let upstream = Arc::new(Upstream::guarded(
+            &config,
+            metrics.clone(),
+            clock.clone(),
+            cut_upstream.clone(),
+        )?);
+        let auth = Arc::new(Auth::new(&config));
+        let traces = Traces::start(&config.telemetry.otlp)?;
+        let dedup = Arc::new(Dedup::new(
+            &config,
+            DedupParts {
+                routes: routes.clone(),
+                upstream: upstream.clone(),
+                coalescer,
+                purges: purges.clone(),
+                retry_window,
+                auth: auth.clone(),
+                budgets: budgets.clone(),
+                metrics: metrics.clone(),
+                clock: clock.clone(),
+                traced: traces.is_some(),
+                cut_upstream: cut_upstream.clone(),
+            },
+        ));
         Ok(Self {
-            routes: Routes::new(&config.upstreams),
-            upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
-            upstream_keys: config.upstreams.iter().map(|u| u.identity()).collect(),
-            upstream: Upstream::guarded(
-                &config,
-                metrics.clone(),
-                clock.clone(),
-                cut_upstream.clone(),
-            )?,
-            auth: Auth::new(&config),
+            dedup,
+            cache,
+            routes,
+            upstream,
+            auth,
             passthrough_policy: Policy::new(&config.passthrough),
             limits: Limits::new(&config, clock.clone()),
             budgets,
             cut_upstream,
             metrics,
-            cache,
-            coalescer,
             cluster,
             ledger,
             purges,
-            memo: crate::memo::RequestMemo::default(),
             draining: CancellationToken::new(),
-            retry_window,
-            clock,
             tasks,
-            traces: Traces::start(&config.telemetry.otlp)?,
+            traces,
             config,
             _background: background.drop_guard(),
         })
-    }
-}
-
-/// How long a stream may be silent, before its first event and after.
-pub fn stream_silence(coalesce: &crate::config::CoalesceConfig) -> crate::sse::Silence {
-    crate::sse::Silence {
-        first_event: coalesce.first_event_timeout,
-        between_events: coalesce.stream_stall_timeout,
     }
 }

@@ -362,7 +362,7 @@ pub fn flight_context(
             .span_builder("corral.flight")
             .with_kind(SpanKind::Internal)
             .with_attributes([
-                KeyValue::new("corral.fingerprint", prefix),
+                KeyValue::new("corral.fingerprint", prefix.to_string()),
                 KeyValue::new("corral.flight.kind", kind),
             ])
             .start_with_context(&*scope.tracer, cx);

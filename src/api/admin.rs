@@ -16,7 +16,7 @@
 //! names it: the key's label, else its 13-character short scope) or
 //! `{"all": true}`. See `purge.rs` for how a purge works.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc};
 
 use axum::{
     Json, Router,
@@ -213,12 +213,15 @@ impl PurgeBody {
 
 /// `POST /admin/purge`.
 async fn purge(State(app): State<Arc<AppState>>, body: Body) -> Result<Response, GatewayError> {
-    let body = read_bounded(body, app.config.server.body_read_timeout).await?;
+    // The edge's one body reader, bounded in bytes and time.
+    let body =
+        super::pipeline::read_body(body, MAX_PURGE_BODY, app.config().server.body_read_timeout)
+            .await?;
     let body: PurgeBody = serde_json::from_slice(&body)
         .map_err(|err| GatewayError::invalid(format!("the purge body is not valid: {err}")))?;
-    let scope = body.scope(app.purges.per_tenant())?;
+    let scope = body.scope(app.purges().per_tenant())?;
     let reach = app
-        .purges
+        .purges()
         .purge(&scope)
         .await
         .map_err(|_| GatewayError::PurgeNotRecorded)?;
@@ -229,7 +232,7 @@ async fn purge(State(app): State<Arc<AppState>>, body: Body) -> Result<Response,
         PurgeScope::Fingerprint(fingerprint) => json!({"fingerprint": fingerprint.hex()}),
     };
     let fingerprint = match &scope {
-        PurgeScope::Fingerprint(fingerprint) => fingerprint.short_hex(),
+        PurgeScope::Fingerprint(fingerprint) => fingerprint.short_hex().to_string(),
         _ => "-".to_owned(),
     };
     tracing::info!(
@@ -251,16 +254,5 @@ fn scope_kind(scope: &PurgeScope) -> &'static str {
         PurgeScope::Model(_) => "model",
         PurgeScope::Tenant(_) => "tenant",
         PurgeScope::Fingerprint(_) => "fingerprint",
-    }
-}
-
-/// The body, at most [`MAX_PURGE_BODY`] bytes, within `timeout`.
-async fn read_bounded(body: Body, timeout: Duration) -> Result<bytes::Bytes, GatewayError> {
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_PURGE_BODY)).await {
-        Err(_) => Err(GatewayError::BodyTimeout { timeout }),
-        Ok(Err(_)) => Err(GatewayError::BodyTooLarge {
-            limit: MAX_PURGE_BODY,
-        }),
-        Ok(Ok(bytes)) => Ok(bytes),
     }
 }

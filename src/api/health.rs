@@ -35,18 +35,18 @@ fn breaker_state(state: BreakerState) -> &'static str {
 }
 
 pub async fn readyz(State(app): State<Arc<AppState>>) -> Response {
-    let draining = app.draining.is_cancelled();
-    let upstreams: Vec<Value> = (0..app.config.upstreams.len())
+    let draining = app.draining().is_cancelled();
+    let upstreams: Vec<Value> = (0..app.config().upstreams.len())
         .map(|i| {
             json!({
-                "name": app.upstream.name(i),
-                "circuit": breaker_state(app.upstream.circuit(i)),
+                "name": app.upstream().name(i),
+                "circuit": breaker_state(app.upstream().circuit(i)),
             })
         })
         .collect();
-    let circuit_open =
-        (0..app.config.upstreams.len()).any(|i| app.upstream.circuit(i) != BreakerState::Closed);
-    let redis = match &app.cluster {
+    let circuit_open = (0..app.config().upstreams.len())
+        .any(|i| app.upstream().circuit(i) != BreakerState::Closed);
+    let redis = match app.cluster() {
         None => json!({"state": "not_configured"}),
         Some(cluster) => json!({
             // `connected`: in use; `unavailable`: not connected yet, or its
@@ -59,7 +59,7 @@ pub async fn readyz(State(app): State<Arc<AppState>>) -> Response {
             "rejected_values": cluster.rejected_values(),
         }),
     };
-    let redis_down = app.cluster.as_ref().is_some_and(|c| c.status() != "up");
+    let redis_down = app.cluster().is_some_and(|c| c.status() != "up");
     let status = if draining {
         "draining"
     } else if redis_down || circuit_open {
@@ -77,10 +77,10 @@ pub async fn readyz(State(app): State<Arc<AppState>>) -> Response {
         "ready": !draining,
         "draining": draining,
         "upstreams": upstreams,
-        "cache": if app.cluster.is_some() { "redis" } else { "memory" },
+        "cache": if app.cluster().is_some() { "redis" } else { "memory" },
         "redis": redis,
-        "in_flight": app.coalescer.flights().in_flight(),
-        "waiters": *app.coalescer.flights().waiters().borrow(),
+        "in_flight": app.dedup().coalescer().flights().in_flight(),
+        "waiters": *app.dedup().coalescer().flights().waiters().borrow(),
     });
     (code, Json(body)).into_response()
 }

@@ -18,21 +18,21 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     refresh_live(&app).await;
     (
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-        app.metrics.encode(),
+        app.metrics().encode(),
     )
         .into_response()
 }
 
 /// Copies what the scrape reads from the running gateway into the gauges.
 pub(super) async fn refresh_live(app: &AppState) {
-    let flights = app.coalescer.flights();
-    let cache = app.cache.usage().await;
-    app.metrics.set_live(Live {
+    let flights = app.dedup().coalescer().flights();
+    let cache = app.cache().usage().await;
+    app.metrics().set_live(Live {
         in_flight: flights.in_flight(),
         waiters: *flights.waiters().borrow(),
         cache,
     });
-    if app.budgets.is_active() {
-        app.metrics.set_budgets(&app.budgets.uses());
+    if app.budgets().is_active() {
+        app.metrics().set_budgets(&app.budgets().uses());
     }
 }

@@ -1,9 +1,12 @@
-//! The one layer every request passes through, as a single `tower::Service`:
-//! a request id (the caller's `x-request-id` when it is sane, else a new one,
-//! echoed on every response), a `request` span that the request's logs (and
-//! the upstream call it starts) nest in, admission for `/v1/*` (the global
-//! cap, the gateway key, the tenant's rate, then the body bounded in size and
-//! time), the request counters and latency histogram, and one access-log line.
+//! The one way in, as a single `tower::Service`: a request id (the caller's
+//! `x-request-id` when it is sane, else a new one, echoed on every response),
+//! a `request` span that the request's logs (and the upstream call it starts)
+//! nest in, admission for `/v1/*` (the global cap, the gateway key, the
+//! tenant's rate, then the body, read once here and bounded in size and
+//! time), then the request's service: `dedup::Dedup` for a deduplicated
+//! endpoint's `POST`, the pass-through for any other `/v1/*` path, the router
+//! for the rest; then the request counters and latency histogram, by what the
+//! service decided ([`Decided`]), and one access-log line.
 //!
 //! One service instead of two `from_fn` layers: each of those boxes a future
 //! and clones the inner router per request, and the hit path pays for every
@@ -34,9 +37,10 @@ use opentelemetry::context::FutureExt as _;
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::Instrument;
 
-use super::chat;
+use super::proxy;
 use crate::{
-    dedup::{CACHE_HEADER_NAME, Caller, FINGERPRINT_HEADER_NAME, REQUEST_ID_HEADER_NAME},
+    cache_status::CacheStatus,
+    dedup::{Answered, Caller, Decided, REQUEST_ID_HEADER_NAME},
     error::{ErrorShape, GatewayError},
     fingerprint::Endpoint,
     held_body::hold_until_body_ends,
@@ -49,10 +53,6 @@ use crate::{
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
-
-/// Characters of the fingerprint a log line shows: enough to find a request's
-/// siblings, too few to matter as a key.
-const FINGERPRINT_PREFIX: usize = 12;
 
 /// Wraps the router in [`Pipeline`].
 #[derive(Clone)]
@@ -133,7 +133,7 @@ where
         // With traces on, an API request's server span (continuing the
         // caller's `traceparent`) is the context it runs in; probes, scrapes
         // and the dashboard are not traced. Off, nothing.
-        let traced = app.traces.as_ref().filter(|_| admitted).map(|traces| {
+        let traced = app.traces().filter(|_| admitted).map(|traces| {
             traces.request_context(
                 request.method(),
                 path,
@@ -144,48 +144,47 @@ where
         });
         let is_traced = traced.is_some();
         let serve = async move {
-            let mut response = if admitted {
+            let (mut response, decided) = if admitted {
                 match admit(&app, request).await {
-                    Ok(admitted) => {
-                        let caller = Caller {
-                            request_id: id.clone(),
-                            tenant: admitted.tenant,
-                        };
-                        let response = match direct {
+                    Ok(Admitted {
+                        mut parts,
+                        body,
+                        places,
+                        tenant,
+                    }) => {
+                        let (response, decided) = match direct {
                             Some(endpoint) => {
-                                chat::serve_admitted(
-                                    app.clone(),
-                                    endpoint,
-                                    caller,
-                                    admitted.parts,
-                                    admitted.body,
-                                )
-                                .await
+                                let caller = Caller {
+                                    request_id: id.clone(),
+                                    tenant,
+                                };
+                                let headers = std::mem::take(&mut parts.headers);
+                                let query = parts.uri.query().map(str::to_owned);
+                                let Answered { response, decided } = app
+                                    .dedup()
+                                    .serve(endpoint, caller, headers, query, body)
+                                    .await;
+                                (response, decided)
                             }
-                            None => {
-                                let request =
-                                    Request::from_parts(admitted.parts, Body::from(admitted.body));
-                                inner
-                                    .oneshot(request)
-                                    .await
-                                    .unwrap_or_else(|never| match never {})
-                            }
+                            None => (proxy::serve(&app, parts, body).await, Decided::default()),
                         };
                         // The places last as long as the body: a stream is
                         // being served long after its head left.
-                        if admitted.places.is_empty() {
+                        let response = if places.is_empty() {
                             response
                         } else {
-                            hold_until_body_ends(response, admitted.places)
-                        }
+                            hold_until_body_ends(response, places)
+                        };
+                        (response, decided)
                     }
-                    Err(error) => error.to_response_as(shape),
+                    Err(error) => (error.to_response_as(shape), Decided::default()),
                 }
             } else {
-                inner
+                let response = inner
                     .oneshot(request.map(Body::new))
                     .await
-                    .unwrap_or_else(|never| match never {})
+                    .unwrap_or_else(|never| match never {});
+                (response, Decided::default())
             };
             record(
                 &app,
@@ -194,10 +193,11 @@ where
                 uri.path(),
                 endpoint,
                 &response,
+                decided,
                 started.elapsed(),
             );
             if is_traced {
-                response = finish_trace(response, endpoint.is_some());
+                response = finish_trace(response, endpoint.is_some(), decided);
             }
             response.headers_mut().insert(REQUEST_ID_HEADER_NAME, id);
             Ok(response)
@@ -210,24 +210,30 @@ where
     }
 }
 
-/// The response's status, cache status and fingerprint prefix on the request
-/// span, which then ends with the response body.
-fn finish_trace(response: Response, deduplicated: bool) -> Response {
-    let headers = response.headers();
-    let text = |name| {
-        headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-    };
-    let cache = text(CACHE_HEADER_NAME)
-        .or(deduplicated.then_some("ERROR"))
-        .map(str::to_owned);
-    let fingerprint = text(FINGERPRINT_HEADER_NAME).map(str::to_owned);
-    traces::finish_request(response, cache.as_deref(), fingerprint.as_deref())
+/// How a request to a deduplicated endpoint was served, as its metrics and
+/// log line name it: the service's cache status, or `ERROR` for an error
+/// (its own, or a refusal at admission).
+fn cache_label(decided: Decided) -> &'static str {
+    decided.cache.map_or("ERROR", CacheStatus::as_str)
 }
 
-/// Counts the request by its `x-corral-cache` (none: `ERROR`) and writes its
+/// The response's status, cache status and fingerprint prefix on the request
+/// span, which then ends with the response body.
+fn finish_trace(response: Response, deduplicated: bool, decided: Decided) -> Response {
+    let cache = deduplicated.then(|| cache_label(decided));
+    let fingerprint = decided
+        .fingerprint
+        .map(|fingerprint| fingerprint.short_hex());
+    traces::finish_request(
+        response,
+        cache,
+        fingerprint.as_ref().map(|prefix| prefix.as_str()),
+    )
+}
+
+/// Counts the request by what the service decided and writes its
 /// access-log line.
+#[allow(clippy::too_many_arguments)]
 fn record(
     app: &AppState,
     id: &HeaderValue,
@@ -235,22 +241,18 @@ fn record(
     path: &str,
     endpoint: Option<Endpoint>,
     response: &Response,
+    decided: Decided,
     elapsed: Duration,
 ) {
-    let headers = response.headers();
-    let cache = headers
-        .get(CACHE_HEADER_NAME)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("ERROR");
+    let cache = cache_label(decided);
     if let Some(endpoint) = endpoint {
-        app.metrics.request(endpoint.label(), cache, elapsed);
+        app.metrics().request(endpoint.label(), cache, elapsed);
     }
-    if app.config.log.requests && tracing::enabled!(tracing::Level::INFO) {
-        let fingerprint = headers
-            .get(FINGERPRINT_HEADER_NAME)
-            .and_then(|v| v.to_str().ok())
-            .map(|hex| &hex[..hex.len().min(FINGERPRINT_PREFIX)])
-            .unwrap_or("-");
+    if app.config().log.requests && tracing::enabled!(tracing::Level::INFO) {
+        let prefix = decided
+            .fingerprint
+            .map(|fingerprint| fingerprint.short_hex());
+        let fingerprint = prefix.as_ref().map_or("-", |prefix| prefix.as_str());
         let line = AccessLine {
             request_id: id.to_str().unwrap_or_default(),
             method: method.as_str(),
@@ -328,11 +330,11 @@ where
     B: axum::body::HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
-    let mut places = app.limits.admit()?;
-    let tenant = app.auth.authenticate(request.headers())?;
-    app.limits.admit_tenant(&tenant, &mut places)?;
+    let mut places = app.limits().admit()?;
+    let tenant = app.auth().authenticate(request.headers())?;
+    app.limits().admit_tenant(&tenant, &mut places)?;
     let (parts, body) = request.into_parts();
-    let limit = app.config.limits.max_body_bytes;
+    let limit = app.config().limits.max_body_bytes;
     // A body announced larger than the limit is refused before a byte of it
     // is read (a chunked one is cut at the limit while it is read).
     let announced = parts
@@ -342,7 +344,7 @@ where
     if announced.is_some_and(|length| length > limit as u64) {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    let body = read_body(body, limit, app.config.server.body_read_timeout).await?;
+    let body = read_body(body, limit, app.config().server.body_read_timeout).await?;
     Ok(Admitted {
         parts,
         body,
@@ -356,7 +358,11 @@ where
 /// boxing), and the deadline's timer is made only for a body that has not
 /// all arrived with its head: most have, and a timer made and dropped per
 /// request is a measurable part of a cached answer's cost.
-async fn read_body<B>(body: B, limit: usize, deadline: Duration) -> Result<Bytes, GatewayError>
+pub(super) async fn read_body<B>(
+    body: B,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, GatewayError>
 where
     B: axum::body::HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,

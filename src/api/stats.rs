@@ -10,7 +10,7 @@ use crate::{metrics::Stats, state::AppState};
 
 pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Stats> {
     refresh_live(&app).await;
-    let mut stats = app.metrics.stats();
-    stats.budgets = app.budgets.uses();
+    let mut stats = app.metrics().stats();
+    stats.budgets = app.budgets().uses();
     Json(stats)
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
 
-use super::{RawRequest, outbound_of, own_retry_key, respond::shared_response};
+use super::{Dedup, RawRequest, outbound_of, respond::shared_response};
 use crate::{
     cache::StoredResponse,
     coalesce::{FlightCall, Loaded, Loader, StreamPublisher},
@@ -16,7 +16,6 @@ use crate::{
     fingerprint::{CacheKey, Sent},
     metrics::Attribution,
     sse::{self, StreamLog},
-    state::AppState,
     upstream::{Outbound, retry},
     wire::Wire,
 };
@@ -25,7 +24,7 @@ use crate::{
 /// the request is parsed (as it was when first seen, so it parses again)
 /// when the call runs, not by every caller that reads the cache.
 pub(super) fn parsing_loader(
-    app: Arc<AppState>,
+    dedup: Arc<Dedup>,
     raw: RawRequest,
     bill: Attribution,
     key: CacheKey,
@@ -34,17 +33,17 @@ pub(super) fn parsing_loader(
     let raw = Arc::new(raw);
     let bill = Arc::new(bill);
     Loader::new(sends, move |call: FlightCall| {
-        let app = app.clone();
+        let dedup = dedup.clone();
         let raw = raw.clone();
         let bill = bill.clone();
         let key = key.clone();
         Box::pin(async move {
-            let mut request = raw.parse(&app)?;
+            let mut request = raw.parse(&dedup)?;
             let outbound = outbound_of(&mut request);
-            let retained_under = own_retry_key(&app, &request, &key);
+            let retained_under = dedup.own_retry_key(&request, &key);
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&app, &outbound, request.wire, &bill, retained_under),
+                call_upstream(&dedup, &outbound, request.wire, &bill, retained_under),
             )
             .await
         })
@@ -56,7 +55,7 @@ pub(super) fn parsing_loader(
 /// non-stream answer (what the cache stores, and what non-stream callers of
 /// the same flight receive). Retries happen only before the first event.
 pub(super) fn stream_loader(
-    app: Arc<AppState>,
+    dedup: Arc<Dedup>,
     outbound: Outbound,
     wire: &'static dyn Wire,
     bill: Attribution,
@@ -69,31 +68,31 @@ pub(super) fn stream_loader(
             publisher,
             max_attempts,
         } = call;
-        let app = app.clone();
+        let dedup = dedup.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
         let retained_under = retained_under.clone();
         let load = async move {
             let started = std::time::Instant::now();
-            let upstream = app.upstream.name(outbound.upstream).to_owned();
-            app.may_call_upstream(&bill).await?;
-            let response = app
+            let upstream = dedup.upstream.name(outbound.upstream).to_owned();
+            dedup.may_call_upstream(&bill).await?;
+            let response = dedup
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
                 .await?;
             let (log, writer) =
-                StreamLog::with_limits(wire.stream_format(), app.stream_log_limits());
+                StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
             publisher.publish(log.clone());
-            let silence = crate::state::stream_silence(&app.config.coalesce);
+            let silence = dedup.stream_silence();
             // `request_timeout` bounds the whole flight, headers and every event:
             // past it, every reader gets an error event, the flight ends (its
             // Redis lock with it) and nothing is cached.
-            let total = app
+            let total = dedup
                 .upstream
                 .request_timeout(outbound.upstream)
                 .saturating_sub(started.elapsed());
             let relay = sse::relay_response(response, writer, silence, total);
-            let cancel_when_abandoned = app.config.coalesce.cancel_when_abandoned;
+            let cancel_when_abandoned = dedup.coalesce.cancel_when_abandoned;
             let abandon = async {
                 if cancel_when_abandoned {
                     abandoned(&log, &publisher).await;
@@ -108,18 +107,18 @@ pub(super) fn stream_loader(
                 // (The error event goes in before `select!` drops the relay, whose
                 // writer would otherwise end the log as merely abandoned.)
                 () = async {
-                    app.cut_upstream.cancelled().await;
+                    dedup.cut_upstream.cancelled().await;
                     log.interrupt(log.error_event(
                         "the gateway is shutting down; the stream was cut",
                     ));
                 } => {
-                    app.billed(&bill, None);
+                    dedup.billed(&bill, None);
                     return Err(GatewayError::ShuttingDown);
                 }
                 // Every reader left and nobody waits for the complete answer: stop the spend.
                 () = abandon => {
                     // Paid for, up to where it stopped; how much is unknown.
-                    app.billed(&bill, None);
+                    dedup.billed(&bill, None);
                     // Local to this instance: recorded for no one elsewhere.
                     return Err(GatewayError::StreamAbandoned);
                 }
@@ -130,7 +129,7 @@ pub(super) fn stream_loader(
                 .stream_format()
                 .stream_usage(&summary.events)
                 .or(summary.usage);
-            app.billed(&bill, usage);
+            dedup.billed(&bill, usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -192,7 +191,7 @@ pub(super) async fn abandoned(log: &StreamLog, publisher: &StreamPublisher) {
 /// detached from the connection of the caller that started it. Its tokens and
 /// cost are counted here, once per call, whoever waits on it.
 pub(super) fn upstream_loader(
-    app: Arc<AppState>,
+    dedup: Arc<Dedup>,
     outbound: Outbound,
     wire: &'static dyn Wire,
     bill: Attribution,
@@ -202,14 +201,14 @@ pub(super) fn upstream_loader(
     let bill = Arc::new(bill);
     let outbound = Arc::new(outbound);
     Loader::new(sends, move |call: FlightCall| {
-        let app = app.clone();
+        let dedup = dedup.clone();
         let outbound = outbound.clone();
         let bill = bill.clone();
         let retained_under = retained_under.clone();
         Box::pin(async move {
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&app, &outbound, wire, &bill, retained_under),
+                call_upstream(&dedup, &outbound, wire, &bill, retained_under),
             )
             .await
         })
@@ -218,23 +217,24 @@ pub(super) fn upstream_loader(
 
 /// One buffered upstream call, counted once whoever waits on it.
 pub(super) async fn call_upstream(
-    app: &AppState,
+    dedup: &Dedup,
     outbound: &Outbound,
     wire: &'static dyn Wire,
     bill: &Attribution,
     retained_under: Option<CacheKey>,
 ) -> Result<Loaded, GatewayError> {
-    app.may_call_upstream(bill)
+    dedup
+        .may_call_upstream(bill)
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
-    let buffered = app
+    let buffered = dedup
         .upstream
         .call_buffered(outbound, &bill.model)
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
     let response = shared_response(buffered.status, &buffered.headers, buffered.body);
-    app.billed(bill, response.usage);
+    dedup.billed(bill, response.usage);
     Ok(Loaded {
         response,
         cacheable,

@@ -2,7 +2,7 @@
 //! every caller may see, corral's status headers (`x-corral-cache`, RFC 9211
 //! `Cache-Status`, `Age`, the fingerprint), and the caller's own echoed labels.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::Body,
@@ -11,9 +11,18 @@ use axum::{
 };
 use bytes::Bytes;
 
+use super::{Answered, Dedup};
 use crate::{
-    cache::StoredResponse, cache_status::CacheStatus, metrics::Attribution, request::DedupRequest,
-    state::AppState, usage::Usage, wire::Echo,
+    cache::StoredResponse,
+    cache_status::CacheStatus,
+    coalesce::Served,
+    error::GatewayError,
+    fingerprint::Fingerprint,
+    memo::Derived,
+    metrics::Attribution,
+    request::DedupRequest,
+    usage::Usage,
+    wire::{Echo, Wire},
 };
 
 /// Upstream response headers that may be shared with every caller of a
@@ -80,7 +89,85 @@ pub(super) fn own_echo(response: &mut Response, echo: Option<&Echo>, shared: &St
     }
 }
 
-/// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
+/// A complete (not streamed) answer, or the error, as the caller's response.
+/// A HIT of a request the memo knows clones the headers built for its answer.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn complete_response(
+    dedup: &Dedup,
+    served: Result<Served, Arc<GatewayError>>,
+    bill: &Attribution,
+    revalidate: bool,
+    fingerprint: Fingerprint,
+    fingerprint_header: &HeaderValue,
+    wire: &dyn Wire,
+    derived: Option<&Derived>,
+    echo: Option<&Echo>,
+) -> Answered {
+    match served {
+        Ok(Served {
+            response: shared,
+            status,
+            stored,
+            age,
+        }) => {
+            tracing::debug!(cache = status.as_str(), "served");
+            dedup.metrics.served(bill, status, shared.usage);
+            if dedup.traced {
+                crate::traces::record_answer(shared.usage, &shared.body);
+            }
+            let built = || {
+                let mut response = response_from(&shared);
+                let headers = response.headers_mut();
+                write_status_headers(
+                    headers,
+                    fingerprint_header,
+                    revalidate,
+                    status,
+                    stored,
+                    None,
+                );
+                response
+            };
+            let mut response = match derived {
+                Some(derived) if status == CacheStatus::Hit => {
+                    // Built with `Age` and the request id in place (the
+                    // pipeline writes the caller's over it): a clone has room
+                    // for exactly its entries, and adding one would grow it.
+                    let headers = derived.hit_headers(&shared, || {
+                        let mut headers = built().into_parts().0.headers;
+                        headers.insert(header::AGE, age_value(Duration::ZERO));
+                        headers.insert(REQUEST_ID_HEADER_NAME, HeaderValue::from_static("-"));
+                        headers
+                    });
+                    let mut response = Response::new(Body::from(shared.body.clone()));
+                    *response.status_mut() = shared.status;
+                    *response.headers_mut() = headers;
+                    if age.is_none() {
+                        response.headers_mut().remove(header::AGE);
+                    }
+                    response
+                }
+                _ => built(),
+            };
+            if let Some(age) = age {
+                response.headers_mut().insert(header::AGE, age_value(age));
+            }
+            own_echo(&mut response, echo, &shared);
+            response
+                .headers_mut()
+                .extend(budget_left(dedup, bill, status));
+            Answered::new(response, Some(status), fingerprint)
+        }
+        Err(error) => {
+            let mut response = error.shared_response_as(wire.error_shape());
+            response
+                .headers_mut()
+                .insert(FINGERPRINT_HEADER_NAME, fingerprint_header.clone());
+            Answered::new(response, None, fingerprint)
+        }
+    }
+}
+
 /// What is left of the budgets covering the caller (`budgets`), in USD, on
 /// an answer it was billed for.
 pub const BUDGET_HEADER: &str = "x-corral-budget-remaining-usd";
@@ -90,18 +177,19 @@ pub const BUDGET_HEADER: &str = "x-corral-budget-remaining-usd";
 /// leaves before its cost is known, so it says what was left when it began.
 /// `None` for an answer the caller was not billed for, or no budget covering it.
 pub(super) fn budget_left(
-    app: &AppState,
+    dedup: &Dedup,
     bill: &Attribution,
     status: CacheStatus,
 ) -> Option<(HeaderName, HeaderValue)> {
     if !matches!(status, CacheStatus::Miss | CacheStatus::Bypass) {
         return None;
     }
-    let left = app.budgets.remaining_usd(&bill.tenant, &bill.upstream)?;
+    let left = dedup.budgets.remaining_usd(&bill.tenant, &bill.upstream)?;
     let value = HeaderValue::from_str(&format!("{left:.9}")).ok()?;
     Some((HeaderName::from_static(BUDGET_HEADER), value))
 }
 
+/// `x-corral-cache`, RFC 9211 `Cache-Status`, `Age` and the fingerprint.
 pub(super) fn set_status_headers(
     headers: &mut HeaderMap,
     request: &DedupRequest,

@@ -47,13 +47,33 @@ use crate::{
 /// (`AppState::passthrough`).
 #[derive(Debug, Clone, Copy)]
 pub struct Passthrough<'a> {
-    pub upstream: &'a Upstream,
-    pub routes: &'a Routes,
-    pub policy: &'a Policy,
+    upstream: &'a Upstream,
+    routes: &'a Routes,
+    policy: &'a Policy,
     /// Which upstreams corral calls with its own provider key.
-    pub upstreams: &'a [UpstreamConfig],
+    upstreams: &'a [UpstreamConfig],
     /// The longest silence of a proxied body (`coalesce.stream_stall_timeout`).
-    pub stream_stall_timeout: Duration,
+    stream_stall_timeout: Duration,
     /// Cancelled when the shutdown drain times out: running bodies end.
-    pub cut_upstream: &'a CancellationToken,
+    cut_upstream: &'a CancellationToken,
+}
+
+impl<'a> Passthrough<'a> {
+    pub fn new(
+        upstream: &'a Upstream,
+        routes: &'a Routes,
+        policy: &'a Policy,
+        upstreams: &'a [UpstreamConfig],
+        stream_stall_timeout: Duration,
+        cut_upstream: &'a CancellationToken,
+    ) -> Self {
+        Self {
+            upstream,
+            routes,
+            policy,
+            upstreams,
+            stream_stall_timeout,
+            cut_upstream,
+        }
+    }
 }

@@ -51,7 +51,7 @@ pub async fn serve(
     let app = api::router(state.clone());
     let service = TowerToHyperService::new(app);
     let mut http = http1::Builder::new();
-    http.header_read_timeout(state.config.server.header_read_timeout)
+    http.header_read_timeout(state.config().server.header_read_timeout)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
@@ -63,8 +63,8 @@ pub async fn serve(
         let stream = tokio::select! {
             biased;
             () = &mut shutdown, if unready_until.is_none() => {
-                state.draining.cancel();
-                let delay = state.config.shutdown.unready_delay;
+                state.draining().cancel();
+                let delay = state.config().shutdown.unready_delay;
                 if delay.is_zero() {
                     break;
                 }
@@ -92,7 +92,7 @@ pub async fn serve(
         // connection: a client that stopped reading is dropped, and with it its
         // response body (a stream reader, the log it holds).
         let mut stream = TimeoutStream::new(stream);
-        stream.set_write_timeout(Some(state.config.server.write_timeout));
+        stream.set_write_timeout(Some(state.config().server.write_timeout));
         // A timer of the connection's own: see `head_timer`.
         let connection = graceful.watch(
             http.clone()
@@ -116,7 +116,7 @@ pub async fn serve(
         tracing::warn!("the last counts could not be added to the cluster ledger");
     }
     // Every request span ended with the drain: export what is queued.
-    if let Some(traces) = &state.traces
+    if let Some(traces) = state.traces()
         && let Err(err) = traces.shutdown().await
     {
         tracing::warn!(error = %err, "the last spans could not be exported");
@@ -125,9 +125,9 @@ pub async fn serve(
 }
 
 async fn drain(state: &AppState, graceful: GracefulShutdown) {
-    let drain_timeout = state.config.shutdown.drain_timeout;
-    state.tasks.close();
-    let tasks = state.tasks.clone();
+    let drain_timeout = state.config().shutdown.drain_timeout;
+    state.tasks().close();
+    let tasks = state.tasks().clone();
     let mut finished = pin!(async move {
         graceful.shutdown().await;
         tasks.wait().await;
@@ -145,7 +145,7 @@ async fn drain(state: &AppState, graceful: GracefulShutdown) {
     );
     // Flights end with `ShuttingDown`: owners release their Redis locks and
     // every waiter gets a 503, not a hang.
-    state.cut_upstream.cancel();
+    state.cut_upstream().cancel();
     if tokio::time::timeout(CUT_GRACE, &mut finished)
         .await
         .is_err()

@@ -23,17 +23,12 @@ const PATH: &str = "/v1/chat/completions";
 const POLL: Duration = Duration::from_secs(120);
 
 fn counts(instance: &TestGateway) -> AnnounceCounts {
-    instance.state.cluster.as_ref().unwrap().announce_counts()
+    instance.state.cluster().unwrap().announce_counts()
 }
 
 /// Resolves once `instance` is subscribed to exactly `n` announcement channels.
 async fn wait_for_channels(instance: &TestGateway, n: usize) {
-    let mut channels = instance
-        .state
-        .cluster
-        .as_ref()
-        .unwrap()
-        .announcement_channels();
+    let mut channels = instance.state.cluster().unwrap().announcement_channels();
     tokio::time::timeout(WAIT, channels.wait_for(|c| *c == n))
         .await
         .unwrap_or_else(|_| panic!("never subscribed to {n} channels"))
@@ -43,7 +38,7 @@ async fn wait_for_channels(instance: &TestGateway, n: usize) {
 /// Resolves once a remote follower on `instance` has read the record, not
 /// found it, and waits: from then on only an announcement or the poll wakes it.
 async fn wait_for_parked_follower(instance: &TestGateway) {
-    let mut parked = instance.state.cluster.as_ref().unwrap().followers_parked();
+    let mut parked = instance.state.cluster().unwrap().followers_parked();
     tokio::time::timeout(WAIT, parked.wait_for(|n| *n == 1))
         .await
         .expect("the follower never waited")

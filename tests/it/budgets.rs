@@ -88,7 +88,7 @@ async fn post_as(gateway: &TestGateway, key: &str, path: &str, body: &Value) -> 
 fn tenant_of(gateway: &TestGateway, key: &str) -> std::sync::Arc<str> {
     let mut headers = HeaderMap::new();
     headers.insert("authorization", auth(key).parse().unwrap());
-    gateway.state.auth.tenant_label(&headers, None)
+    gateway.state.auth().tenant_label(&headers, None)
 }
 
 fn remaining(reply: &Reply) -> f64 {
@@ -215,7 +215,7 @@ async fn callers_sharing_a_flight_started_before_the_limit_get_its_answer() {
     let (a, upstream) = (tenant_of(&gateway, "sk-a"), "mock".into());
     gateway
         .state
-        .budgets
+        .budgets()
         .spend(&a, &upstream, Some(10_000_000_000_000), 0);
     let followers: Vec<_> = (0..5).map(|_| spawn_as(&gateway, "sk-a", &body)).collect();
     gateway.wait_for_waiters(6).await;
@@ -341,7 +341,7 @@ async fn two_instances_share_a_tenants_budget_and_restarts_keep_it() {
         spent.push(remaining(&reply));
         // Each sends what it spent, then each reads what all sent.
         for gateway in fleet.instances.iter().chain(&fleet.instances) {
-            gateway.state.budgets.flush().await.expect("Redis is up");
+            gateway.state.budgets().flush().await.expect("Redis is up");
         }
     }
     let (_, refused) = refused.unwrap_or_else(|| panic!("A was refused: {spent:?}"));
@@ -352,7 +352,7 @@ async fn two_instances_share_a_tenants_budget_and_restarts_keep_it() {
     assert!(spent.windows(2).all(|pair| pair[1] < pair[0]), "{spent:?}");
     // The overshoot is at most the last call's cost.
     let per_call = spent[0] - spent[1];
-    let total = fleet.instances[0].state.budgets.uses()[0].spent_usd;
+    let total = fleet.instances[0].state.budgets().uses()[0].spent_usd;
     assert!(
         total >= 0.01 && total <= 0.01 + 1.5 * per_call,
         "{total} (a call ≈ {per_call})"

@@ -103,7 +103,7 @@ async fn twenty_cold_prompts_with_fifty_callers_each_make_twenty_calls() {
     let errors: Vec<u64> = fleet
         .instances
         .iter()
-        .map(|i| i.state.cluster.as_ref().unwrap().errors())
+        .map(|i| i.state.cluster().unwrap().errors())
         .collect();
     assert_eq!(
         fleet.provider.calls(),
@@ -275,7 +275,7 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
         "at most one call per instance, made {outage_calls}"
     );
     for instance in &fleet.instances {
-        let cluster = instance.state.cluster.as_ref().unwrap();
+        let cluster = instance.state.cluster().unwrap();
         assert!(cluster.errors() > 0, "the failures were counted");
         let exposition = instance.get("/metrics").await;
         let text = String::from_utf8_lossy(&exposition.body).into_owned();
@@ -298,7 +298,7 @@ async fn redis_stopped_then_killed_degrades_and_recovers_without_a_restart() {
     redis.kill().await;
     redis.restart().await;
     for instance in &fleet.instances {
-        let cluster = instance.state.cluster.as_ref().unwrap();
+        let cluster = instance.state.cluster().unwrap();
         let mut breaker = cluster.breaker().watch();
         tokio::time::timeout(
             WAIT,
@@ -498,7 +498,11 @@ async fn callers_that_miss_l1_together_share_one_redis_read() {
     let reader =
         TestGateway::start_shared(fleet.provider.clone(), fleet.clock.clone(), patient).await;
     reader.wait_connected().await;
-    let cluster = reader.state.cluster.clone().expect("redis is configured");
+    let cluster = reader
+        .state
+        .cluster()
+        .cloned()
+        .expect("redis is configured");
     let gets_before = redis.command_calls("get").await;
 
     // Redis answers nobody for a while: every caller that arrives meanwhile
@@ -571,7 +575,7 @@ async fn a_corrupted_or_foreign_value_is_a_miss_never_served() {
         assert_ne!(reply.body, b.body);
         assert_eq!(fleet.provider.calls(), calls + 1);
         assert!(
-            reader.state.cluster.as_ref().unwrap().rejected_values() >= 1,
+            reader.state.cluster().unwrap().rejected_values() >= 1,
             "and it is counted"
         );
     }
@@ -638,7 +642,7 @@ async fn a_three_master_redis_cluster_dedups_across_four_instances() {
         let errors: Vec<u64> = fleet
             .instances
             .iter()
-            .map(|i| i.state.cluster.as_ref().unwrap().errors())
+            .map(|i| i.state.cluster().unwrap().errors())
             .collect();
         assert_eq!(errors, [0, 0, 0, 0], "redis errors per instance");
         assert_one_answer(&replies);
@@ -670,13 +674,13 @@ async fn a_full_redis_skips_the_write_and_still_answers() {
     let reply = gateway.post(PATH, &body).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert!(
-        gateway.state.cluster.as_ref().unwrap().errors() > 0,
+        gateway.state.cluster().unwrap().errors() > 0,
         "the refused write is counted"
     );
     let again = gateway.post(PATH, &body).await;
     assert_eq!(again.cache(), "HIT", "L1 still has it");
     assert_eq!(
-        gateway.state.cluster.as_ref().unwrap().status(),
+        gateway.state.cluster().unwrap().status(),
         "up",
         "a refusal is not an outage"
     );

@@ -368,7 +368,7 @@ async fn counts_made_while_redis_is_away_reach_the_ledger_once_later() {
     assert_eq!(s["upstream"]["calls"], 1, "counted meanwhile, and shown");
 
     redis.signal("CONT");
-    let cluster = gateway.state.cluster.as_ref().unwrap();
+    let cluster = gateway.state.cluster().unwrap();
     let mut breaker = cluster.breaker().watch();
     tokio::time::timeout(
         crate::harness::WAIT,

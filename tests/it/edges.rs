@@ -141,6 +141,34 @@ async fn files_are_refused_with_a_shared_key_until_the_policy_allows_them() {
     assert_eq!(allowed.provider.received(), ["POST /v1/files"]);
 }
 
+/// One way in: every `/v1/*` request is the pipeline's, and no router
+/// answers for it. A `GET` on a deduplicated endpoint's path (OpenAI lists
+/// stored chat completions there) is the pass-through's, under its policy:
+/// refused while corral's own key makes the account every tenant's, relayed
+/// when the caller's key is its own. Neither is a cached answer.
+#[tokio::test]
+async fn a_get_on_a_deduplicated_path_is_the_pass_throughs_under_its_policy() {
+    let shared = TestGateway::start(with_shared_key).await;
+    let refused = shared
+        .client
+        .get(format!("{}/v1/chat/completions", shared.url))
+        .bearer_auth("gw-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert!(refused.headers().get("x-corral-cache").is_none());
+    let error: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "passthrough_denied", "{error}");
+    assert_eq!(shared.provider.received(), Vec::<String>::new());
+
+    let own = TestGateway::start(|_| {}).await;
+    let relayed = own.get("/v1/chat/completions").await;
+    assert!(relayed.headers.get("x-corral-cache").is_none());
+    assert!(relayed.headers.get("x-request-id").is_some());
+    assert_eq!(own.provider.received(), ["GET /v1/chat/completions"]);
+}
+
 /// Rules match what the provider makes of a path: a percent-encoded
 /// `/v1/%66iles` is `/v1/files` to a deny rule, as it is to the provider.
 #[tokio::test]
@@ -345,7 +373,7 @@ async fn one_tenants_key_errors_never_open_the_circuit_for_another() {
             .await;
         assert_eq!(reply.status.as_u16(), *status, "call {i}");
     }
-    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
+    assert_eq!(gateway.state.upstream().circuit(0), BreakerState::Closed);
     let b = gateway
         .post_with(
             "/v1/chat/completions",
@@ -363,7 +391,7 @@ async fn one_tenants_key_errors_never_open_the_circuit_for_another() {
             .post("/v1/chat/completions", &chat(&format!("provider down {i}")))
             .await;
     }
-    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Open);
+    assert_eq!(gateway.state.upstream().circuit(0), BreakerState::Open);
 }
 
 #[tokio::test]
@@ -569,7 +597,7 @@ async fn an_instances_open_circuit_is_not_recorded_for_the_cluster() {
         .post("/v1/chat/completions", &chat("opens a's circuit"))
         .await;
     assert_eq!(opened.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(a.state.upstream.circuit(0), BreakerState::Open);
+    assert_eq!(a.state.upstream().circuit(0), BreakerState::Open);
     let body = chat("asked on a, then on b");
     let refused = a.post("/v1/chat/completions", &body).await;
     assert_eq!(refused.json()["error"]["code"], "upstream_circuit_open");

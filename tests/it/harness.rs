@@ -144,7 +144,7 @@ impl TestGateway {
 
     /// Resolves once the instance is connected and subscribed to Redis.
     pub async fn wait_connected(&self) {
-        if let Some(cluster) = &self.state.cluster {
+        if let Some(cluster) = self.state.cluster() {
             tokio::time::timeout(WAIT, cluster.connected())
                 .await
                 .expect("the instance connects to Redis");
@@ -153,7 +153,7 @@ impl TestGateway {
 
     /// Resolves once at least `n` callers wait on flights.
     pub async fn wait_for_waiters(&self, n: usize) {
-        let mut waiters = self.state.coalescer.flights().waiters();
+        let mut waiters = self.state.dedup().coalescer().flights().waiters();
         tokio::time::timeout(WAIT, waiters.wait_for(|count| *count >= n))
             .await
             .unwrap_or_else(|_| panic!("{n} waiters never gathered"))
@@ -162,7 +162,7 @@ impl TestGateway {
 
     /// Resolves once at most `n` callers wait on flights (others have left).
     pub async fn wait_for_waiters_at_most(&self, n: usize) {
-        let mut waiters = self.state.coalescer.flights().waiters();
+        let mut waiters = self.state.dedup().coalescer().flights().waiters();
         tokio::time::timeout(WAIT, waiters.wait_for(|count| *count <= n))
             .await
             .unwrap_or_else(|_| panic!("waiters never dropped to {n}"))
@@ -180,7 +180,7 @@ impl TestGateway {
 
     /// Resolves once no flight (including background refreshes) is running.
     pub async fn wait_idle(&self) {
-        tokio::time::timeout(WAIT, self.state.coalescer.flights().idle())
+        tokio::time::timeout(WAIT, self.state.dedup().coalescer().flights().idle())
             .await
             .expect("flights end");
     }
@@ -397,8 +397,7 @@ impl Fleet {
             .iter()
             .map(|i| {
                 i.state
-                    .cluster
-                    .as_ref()
+                    .cluster()
                     .expect("a fleet with Redis")
                     .followers_parked()
             })
@@ -423,7 +422,7 @@ impl Fleet {
     pub fn waiters(&self) -> usize {
         self.instances
             .iter()
-            .map(|i| *i.state.coalescer.flights().waiters().borrow())
+            .map(|i| *i.state.dedup().coalescer().flights().waiters().borrow())
             .sum()
     }
 
@@ -432,7 +431,7 @@ impl Fleet {
         let mut watches: Vec<_> = self
             .instances
             .iter()
-            .map(|i| i.state.coalescer.flights().waiters())
+            .map(|i| i.state.dedup().coalescer().flights().waiters())
             .collect();
         let gathered = tokio::time::timeout(WAIT, async {
             while self.waiters() < n {

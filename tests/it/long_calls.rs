@@ -202,7 +202,7 @@ async fn a_stream_that_falls_silent_ends_with_an_error_for_every_reader_and_is_n
         instance.wait_idle().await;
         let usage = instance
             .state
-            .cache
+            .cache()
             .usage()
             .await
             .expect("an in-process cache");

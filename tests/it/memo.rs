@@ -20,7 +20,7 @@ fn id(reply: &Reply) -> String {
 
 /// What the memo holds: it grows when a request is first parsed.
 fn memo_bytes(gateway: &TestGateway) -> u64 {
-    gateway.state.memo.bytes()
+    gateway.state.dedup().memo().bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -534,7 +534,7 @@ async fn readyz_answers_503_from_the_start_of_shutdown_while_running_requests_co
     assert!(provider.wait_for_calls(1, WAIT).await);
     stop.cancel();
     tokio::time::timeout(WAIT, async {
-        while !state.draining.is_cancelled() {
+        while !state.draining().is_cancelled() {
             tokio::task::yield_now().await;
         }
     })
@@ -591,7 +591,7 @@ async fn readyz_reports_each_circuit_and_redis_and_stays_200_when_they_fail() {
         .unwrap();
     assert!(failed.status().is_server_error());
     assert_eq!(
-        state.upstream.circuit(0),
+        state.upstream().circuit(0),
         corral::breaker::BreakerState::Open
     );
     let (status, body) = ready(&client, &url).await;

@@ -124,7 +124,7 @@ async fn an_open_circuit_serves_stale_entries_fails_misses_fast_and_a_probe_clos
     gateway.clock.advance(Duration::from_secs(2));
     // Distinct misses until the circuit opens; each makes one first attempt.
     let mut first_attempts = 0u64;
-    while gateway.state.upstream.circuit(0) != BreakerState::Open {
+    while gateway.state.upstream().circuit(0) != BreakerState::Open {
         assert!(first_attempts < 50, "the circuit never opened");
         let reply = gateway
             .post(PATH, &chat(&format!("outage miss {first_attempts}")))
@@ -179,7 +179,7 @@ async fn an_open_circuit_serves_stale_entries_fails_misses_fast_and_a_probe_clos
     gateway.clock.advance(cool_down);
     let probe = gateway.post(PATH, &chat("the probe")).await;
     assert_eq!((probe.status, probe.cache()), (StatusCode::OK, "MISS"));
-    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
+    assert_eq!(gateway.state.upstream().circuit(0), BreakerState::Closed);
     assert_eq!(gateway.provider.calls(), before + 1);
     let stale = gateway.post(PATH, &cached).await;
     assert_eq!(stale.cache(), "STALE");
@@ -449,7 +449,7 @@ async fn with_encryption_no_prompt_text_reaches_redis_and_every_key_expires() {
     c.wait_connected().await;
     let rotated = c.post(PATH, &chat(canary)).await;
     assert_eq!((rotated.status, rotated.cache()), (StatusCode::OK, "MISS"));
-    assert!(c.state.cluster.as_ref().unwrap().rejected_values() >= 1);
+    assert!(c.state.cluster().unwrap().rejected_values() >= 1);
     assert_eq!(a.provider.calls(), 2);
 }
 

@@ -191,5 +191,5 @@ async fn what_agents_send_is_served_and_only_what_corral_cannot_bound_is_refused
     );
     assert_eq!(gateway.provider.calls(), 2, "nothing refused went upstream");
     // The body limit is corral's own bound, and at least Anthropic's 32 MB.
-    assert!(gateway.state.config.limits.max_body_bytes >= 32 << 20);
+    assert!(gateway.state.config().limits.max_body_bytes >= 32 << 20);
 }

@@ -217,14 +217,14 @@ async fn a_request_the_provider_has_is_never_sent_twice() {
     );
     // The breaker counted one failure: below its threshold of two, closed;
     // the next such call is the second, and opens it.
-    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Closed);
+    assert_eq!(gateway.state.upstream().circuit(0), BreakerState::Closed);
     gateway.provider.hold();
     let again = gateway
         .post(PATH, &chat("a provider that still hangs"))
         .await;
     gateway.provider.release();
     assert_eq!(again.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(gateway.state.upstream.circuit(0), BreakerState::Open);
+    assert_eq!(gateway.state.upstream().circuit(0), BreakerState::Open);
 
     // Nothing listens on the port: every attempt is a connect error, retried.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -302,7 +302,7 @@ async fn the_breaker_counts_calls_not_attempts() {
         config.upstreams[0].breaker_failures = 2;
     })
     .await;
-    let circuit = || gateway.state.upstream.circuit(0);
+    let circuit = || gateway.state.upstream().circuit(0);
     // Failed once, then answered: a success.
     gateway
         .provider

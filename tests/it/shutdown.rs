@@ -296,7 +296,7 @@ async fn followers_of_a_flight_cut_by_the_drain_timeout_get_503_and_the_lock_is_
     })
     .await;
     let handle = Caller::new(url);
-    tokio::time::timeout(WAIT, state.cluster.as_ref().unwrap().connected())
+    tokio::time::timeout(WAIT, state.cluster().unwrap().connected())
         .await
         .unwrap();
     provider.hold();
@@ -307,7 +307,7 @@ async fn followers_of_a_flight_cut_by_the_drain_timeout_get_503_and_the_lock_is_
             tokio::spawn(async move { handle.post(PATH, &body).await })
         })
         .collect();
-    let mut waiters = state.coalescer.flights().waiters();
+    let mut waiters = state.dedup().coalescer().flights().waiters();
     tokio::time::timeout(WAIT, waiters.wait_for(|n| *n >= 20))
         .await
         .unwrap()

@@ -499,7 +499,7 @@ async fn a_collector_that_is_down_costs_requests_nothing() {
         assert_eq!(reply.status, 200);
         assert_eq!(reply.cache(), "MISS");
     }
-    let traces = gateway.state.traces.as_ref().expect("traces are on");
+    let traces = gateway.state.traces().expect("traces are on");
     assert!(traces.flush().await.is_err(), "the export is refused");
     // Shutdown still completes (`stop` bounds it by WAIT).
     gateway.stop().await;
@@ -508,7 +508,10 @@ async fn a_collector_that_is_down_costs_requests_nothing() {
 #[tokio::test]
 async fn without_an_endpoint_nothing_is_built_and_nothing_is_forwarded() {
     let gateway = TestGateway::start(|_| {}).await;
-    assert!(gateway.state.traces.is_none(), "traces are off by default");
+    assert!(
+        gateway.state.traces().is_none(),
+        "traces are off by default"
+    );
     let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
     let reply = gateway
         .post_with(CHAT, &chat("untraced"), &[("traceparent", &caller)])

@@ -33,7 +33,8 @@ async fn an_upstream_repointed_under_its_name_never_serves_the_old_providers_ans
     old.wait_connected().await;
     new.wait_connected().await;
     assert_eq!(
-        old.state.config.upstreams[0].name, new.state.config.upstreams[0].name,
+        old.state.config().upstreams[0].name,
+        new.state.config().upstreams[0].name,
         "one name, two providers"
     );
 

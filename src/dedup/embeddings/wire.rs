@@ -187,10 +187,6 @@ impl ItemizedRequest {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     /// What item `item`'s fingerprint is computed from: the request's other
     /// fields (`encoding_format` excepted) and the item itself.
     pub fn item_key_body(&self, item: usize) -> Vec<u8> {

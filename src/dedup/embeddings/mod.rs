@@ -10,30 +10,37 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::{
+    body::Body,
+    http::{HeaderName, HeaderValue, StatusCode, header},
+    response::IntoResponse,
+};
 use bytes::Bytes;
 
+use super::{
+    Answered, Dedup,
+    respond::{FINGERPRINT_HEADER_NAME, header_value, set_status_headers},
+};
 use crate::{
     cache::StoredResponse,
     cache_status::CacheStatus,
     coalesce::{BatchLoader, ItemsLoaded, ItemsServed},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
-    metrics::Attribution,
+    metrics::{Attribution, Metrics},
     request::DedupRequest,
-    state::AppState,
     upstream::Outbound,
     usage::Usage,
 };
-use wire::{ItemLimits, ItemizedRequest};
+use wire::ItemizedRequest;
 
 /// How many of a batch's inputs were served which way.
 pub const ITEMS_HEADER: &str = "x-corral-items";
 
-/// An embeddings request's answer, before `dedup` turns it into a response
-/// with its status headers.
+/// An embeddings request's answer, before it becomes a response with its
+/// status headers.
 #[derive(Debug)]
-pub struct EmbeddingsAnswer {
+struct EmbeddingsAnswer {
     pub body: Bytes,
     /// The request's one status: see [`Counts::status`].
     pub status: CacheStatus,
@@ -44,17 +51,49 @@ pub struct EmbeddingsAnswer {
 }
 
 /// Serves an embeddings request (not `no-store`) item by item.
-pub async fn serve(
-    app: Arc<AppState>,
+pub(in crate::dedup) async fn serve(
+    dedup: &Arc<Dedup>,
+    request: &DedupRequest,
+    outbound: Outbound,
+    bill: Attribution,
+) -> Answered {
+    let fingerprint = request.fingerprint;
+    let traced = dedup.traced;
+    let mut response = match itemized(dedup, request, outbound, bill).await {
+        Ok(answer) => {
+            if traced {
+                crate::traces::record_answer(Usage::from_body(&answer.body), &answer.body);
+            }
+            let mut response = (StatusCode::OK, Body::from(answer.body)).into_response();
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            set_status_headers(headers, request, answer.status, answer.stored, None);
+            headers.insert(
+                HeaderName::from_static(ITEMS_HEADER),
+                header_value(&answer.items),
+            );
+            return Answered::new(response, Some(answer.status), fingerprint);
+        }
+        Err(error) => error.shared_response_as(request.wire.error_shape()),
+    };
+    response
+        .headers_mut()
+        .insert(FINGERPRINT_HEADER_NAME, header_value(&fingerprint.hex()));
+    Answered::new(response, None, fingerprint)
+}
+
+async fn itemized(
+    dedup: &Arc<Dedup>,
     request: &DedupRequest,
     outbound: Outbound,
     bill: Attribution,
 ) -> Result<EmbeddingsAnswer, Arc<GatewayError>> {
-    let itemized = Arc::new(
-        ItemizedRequest::parse(&request.body, ItemLimits::from(&app.config.limits))
-            .map_err(Arc::new)?,
-    );
-    let upstream = &app.upstream_keys[request.upstream];
+    let itemized =
+        Arc::new(ItemizedRequest::parse(&request.body, dedup.item_limits).map_err(Arc::new)?);
+    let upstream = &dedup.upstream_keys[request.upstream];
     let keys: Arc<[CacheKey]> = (0..itemized.len())
         .map(|item| {
             let key = CacheKey {
@@ -69,12 +108,13 @@ pub async fn serve(
                 }),
             };
             // Purges re-key inputs too; by fingerprint, the batch's own.
-            app.purges
+            dedup
+                .purges
                 .key(key, &request.fingerprint, &request.model, &bill.tenant)
         })
         .collect();
-    let loader = batch_loader(app.clone(), itemized.clone(), outbound, bill.clone());
-    let ItemsServed { items, billed } = app
+    let loader = batch_loader(dedup.clone(), itemized.clone(), outbound, bill.clone());
+    let ItemsServed { items, billed } = dedup
         .coalescer
         .get_or_fetch_items(keys, request.policy, loader)
         .await?;
@@ -83,9 +123,11 @@ pub async fn serve(
         counts.add(item.status);
         // Each input served without this caller's own call saved its tokens,
         // where the input's own count is known; otherwise it is counted as unknown.
-        app.metrics.served(&bill, item.status, item.response.usage);
+        dedup
+            .metrics
+            .served(&bill, item.status, item.response.usage);
     }
-    counts.record(&app, &bill);
+    counts.record(&dedup.metrics, &bill);
     let bodies: Vec<&[u8]> = items
         .iter()
         .map(|item| item.response.body.as_ref())
@@ -123,15 +165,15 @@ pub async fn serve(
 /// items only (in their relative order); the answer is split into one stored
 /// vector per item, or refused whole.
 fn batch_loader(
-    app: Arc<AppState>,
+    dedup: Arc<Dedup>,
     itemized: Arc<ItemizedRequest>,
     outbound: Outbound,
     bill: Attribution,
 ) -> BatchLoader {
     let outbound = Arc::new(outbound);
     Arc::new(move |items: Vec<usize>| {
-        let (app, itemized, outbound, bill) = (
-            app.clone(),
+        let (dedup, itemized, outbound, bill) = (
+            dedup.clone(),
             itemized.clone(),
             outbound.clone(),
             bill.clone(),
@@ -139,17 +181,17 @@ fn batch_loader(
         Box::pin(async move {
             let mut call = (*outbound).clone();
             call.body = itemized.upstream_body(&items);
-            app.may_call_upstream(&bill).await?;
-            let buffered = app.upstream.call_buffered(&call, &bill.model).await?;
+            dedup.may_call_upstream(&bill).await?;
+            let buffered = dedup.upstream.call_buffered(&call, &bill.model).await?;
             let answer = wire::split_answer(&buffered.body, items.len());
             let usage = match &answer {
                 Ok(split) => split.usage,
                 Err(_) => Usage::from_body(&buffered.body),
             };
             // Paid for, whether or not the answer is usable.
-            app.billed(&bill, usage);
+            dedup.billed(&bill, usage);
             let split = answer.map_err(|reason| GatewayError::UpstreamInvalid {
-                upstream: app.upstream.name(call.upstream).to_owned(),
+                upstream: dedup.upstream.name(call.upstream).to_owned(),
                 reason,
             })?;
             let alone = items.len() == 1;
@@ -228,14 +270,14 @@ impl Counts {
         )
     }
 
-    fn record(self, app: &AppState, bill: &Attribution) {
+    fn record(self, metrics: &Metrics, bill: &Attribution) {
         for (status, count) in [
             (CacheStatus::Hit, self.hit),
             (CacheStatus::Stale, self.stale),
             (CacheStatus::Coalesced, self.coalesced),
             (CacheStatus::Miss, self.miss),
         ] {
-            app.metrics.embedding_inputs(&bill.model, status, count);
+            metrics.embedding_inputs(&bill.model, status, count);
         }
     }
 }
