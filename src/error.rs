@@ -1,12 +1,11 @@
 //! `GatewayError`: every way a request can fail, and its one mapping to an
-//! HTTP response in the error shape of the API the caller speaks (OpenAI's, or
-//! Anthropic's on `/v1/messages`), so SDKs raise the exception they would
-//! raise against the provider itself.
+//! HTTP response in the error shape of the API the caller speaks (OpenAI's,
+//! Anthropic's on `/v1/messages`, Gemini's under `/v1beta/`), so SDKs raise
+//! the exception they would raise against the provider itself.
 
 use std::time::Duration;
 
 use axum::{
-    extract::rejection::BytesRejection,
     http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
@@ -24,13 +23,20 @@ pub enum ErrorShape {
     OpenAi,
     /// `{"type":"error","error":{"type","message"}}`.
     Anthropic,
+    /// Google's `{"error":{"code","message","status"}}`, `code` the HTTP
+    /// status as an integer: the `google-genai` SDKs raise their own
+    /// `APIError` types only for that shape.
+    Gemini,
 }
 
 impl ErrorShape {
-    /// Anthropic's below `/v1/messages` (Messages, `count_tokens`), OpenAI's
-    /// everywhere else: a request is answered in its route's shape even when
+    /// Anthropic's below `/v1/messages` (Messages, `count_tokens`), Gemini's
+    /// below `/v1beta/`, OpenAI's everywhere else: a request is answered in its route's shape even when
     /// it is refused before any handler runs (admission).
     pub fn for_path(path: &str) -> Self {
+        if path == "/v1beta" || path.starts_with("/v1beta/") {
+            return Self::Gemini;
+        }
         match path.strip_prefix("/v1/messages") {
             Some(rest) if rest.is_empty() || rest.starts_with('/') => Self::Anthropic,
             _ => Self::OpenAi,
@@ -132,6 +138,13 @@ pub enum GatewayError {
     BodyTimeout { timeout: Duration },
     #[error("the gateway is shutting down; retry")]
     ShuttingDown,
+    /// Gemini's native API with no `api: gemini` upstream to send it to
+    /// (`passthrough/gemini.rs`): it never goes to another provider.
+    #[error(
+        "`{path}` is Gemini's native API, and this gateway has no upstream with `api: gemini`; \
+         a Gemini request (or key) is never sent to another provider"
+    )]
+    NoGeminiUpstream { path: String },
     /// A pass-through path that could leave the provider's API (`passthrough.rs`).
     #[error("the request path is refused: {reason}; corral forwards only plain /v1/ paths")]
     PathRefused { reason: &'static str },
@@ -314,6 +327,12 @@ impl GatewayError {
                 "server_error",
                 Some("shutting_down"),
                 "overloaded_error",
+            ),
+            Self::NoGeminiUpstream { .. } => map(
+                S::NOT_FOUND,
+                "invalid_request_error",
+                Some("no_gemini_upstream"),
+                "not_found_error",
             ),
             Self::PathRefused { .. } => map(
                 S::BAD_REQUEST,
@@ -554,6 +573,9 @@ impl GatewayError {
                     ErrorShape::Anthropic => {
                         json!({"type": "error", "error": {"type": anthropic_type, "message": self.to_string()}})
                     }
+                    ErrorShape::Gemini => {
+                        json!({"error": {"code": status.as_u16(), "message": self.to_string(), "status": google_status(status)}})
+                    }
                 };
                 Bytes::from(body.to_string())
             }
@@ -568,14 +590,22 @@ impl IntoResponse for GatewayError {
     }
 }
 
-impl From<BytesRejection> for GatewayError {
-    fn from(rejection: BytesRejection) -> Self {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            // The limit itself is reported by the handler, which knows it.
-            Self::BodyTooLarge { limit: 0 }
-        } else {
-            Self::invalid(format!("could not read the request body: {rejection}"))
-        }
+/// Google's canonical status name for an HTTP status (`google.rpc.Code`),
+/// as its error bodies carry it.
+fn google_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 413 | 422 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        501 => "UNIMPLEMENTED",
+        502 | 503 => "UNAVAILABLE",
+        408 | 504 => "DEADLINE_EXCEEDED",
+        400..=499 => "FAILED_PRECONDITION",
+        _ => "INTERNAL",
     }
 }
 

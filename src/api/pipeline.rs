@@ -111,7 +111,9 @@ where
         let uri = request.uri().clone();
         let path = uri.path();
         let endpoint = endpoint_of(path);
-        let admitted = path.starts_with("/v1/");
+        // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
+        // `/v1beta/` (refused by the pass-through until it has an upstream).
+        let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
         // A refusal is answered in the shape the route's clients parse.
         let shape = ErrorShape::for_path(path);
         // The deduplicated endpoints' `POST`s go to their handler from here,

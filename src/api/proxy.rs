@@ -1,6 +1,8 @@
 //! Every `/v1/*` request that is not a deduplicated endpoint's `POST` is
 //! proxied through by the pass-through (`passthrough/`), its body as
-//! admission read it: the path must stay inside the provider's API.
+//! admission read it: the path must stay inside the provider's API. Gemini's
+//! native API (`/v1beta/*`, a Gemini model method, a Gemini key) goes to no
+//! provider but Gemini's, and none is configured: 404 in Gemini's shape.
 
 use axum::{
     http::{Uri, request::Parts},
@@ -10,14 +12,21 @@ use bytes::Bytes;
 
 use crate::{
     error::{ErrorShape, GatewayError},
-    passthrough::ProxyPath,
+    passthrough::{ProxyPath, gemini},
     state::AppState,
 };
 
 /// Serves an admitted pass-through request; an error is answered in the
 /// shape of the API its path belongs to.
 pub(super) async fn serve(app: &AppState, parts: Parts, body: Bytes) -> Response {
-    let shape = ErrorShape::for_path(parts.uri.path());
+    let path = parts.uri.path();
+    if gemini::is_native(path, &parts.headers, parts.uri.query()) {
+        let refused = GatewayError::NoGeminiUpstream {
+            path: path.to_owned(),
+        };
+        return refused.to_response_as(ErrorShape::Gemini);
+    }
+    let shape = ErrorShape::for_path(path);
     proxy(app, parts, body)
         .await
         .unwrap_or_else(|error| error.to_response_as(shape))

@@ -26,6 +26,7 @@
 //! bring their own provider keys, the provider separates them and everything
 //! is allowed unless denied.
 
+pub mod gemini;
 mod models;
 mod path;
 mod policy;

@@ -43,7 +43,8 @@ const HOP_BY_HOP: &[&str] = &[
 fn api_of(path: &str) -> Api {
     match ErrorShape::for_path(path) {
         ErrorShape::Anthropic => Api::Anthropic,
-        ErrorShape::OpenAi => Api::OpenAi,
+        // Gemini's paths are refused before they are routed (`gemini.rs`).
+        ErrorShape::OpenAi | ErrorShape::Gemini => Api::OpenAi,
     }
 }
 

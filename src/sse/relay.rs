@@ -107,7 +107,11 @@ pub async fn relay_response(
     silence: impl Into<Silence>,
     total: Duration,
 ) -> RelaySummary {
-    relay_until(response.bytes_stream(), writer, silence, Some(total)).await
+    // Errors without their URL: a query may carry a credential.
+    let body = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(reqwest::Error::without_url));
+    relay_until(body, writer, silence, Some(total)).await
 }
 
 /// Reads `body` as SSE into the writer's log until its completing event or a broken stream, then ends the

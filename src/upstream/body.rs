@@ -44,7 +44,8 @@ pub fn bounded(
         };
         match next {
             Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some((body, cut)))),
-            Ok(Some(Err(error))) => Some((Err(BodyError::Transport(error)), None)),
+            // Without its URL: a query may carry a credential.
+            Ok(Some(Err(error))) => Some((Err(BodyError::Transport(error.without_url())), None)),
             Ok(None) => None,
             Err(_) if deadline <= idle_at => Some((Err(BodyError::Total(total)), None)),
             Err(_) => Some((Err(BodyError::Idle(idle)), None)),

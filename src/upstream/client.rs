@@ -469,7 +469,10 @@ impl Upstream {
                 Err(err) => {
                     return Err(GatewayError::UpstreamUnreachable {
                         upstream: target.name.clone(),
-                        reason: format!("response body broke off: {}", error_chain(&err)),
+                        reason: format!(
+                            "response body broke off: {}",
+                            error_chain(&err.without_url())
+                        ),
                     });
                 }
             }
@@ -572,6 +575,9 @@ fn confined_url(
 /// a timeout or a connection lost after that, only when `resend` says the
 /// request may be sent twice.
 fn classify_send_error(err: reqwest::Error, upstream: &str, resend: bool) -> AttemptError {
+    // Without its URL: a query may carry a credential (`?key=`), and the
+    // reason reaches the log and the caller.
+    let err = err.without_url();
     let retryable = err.is_connect() || resend;
     if err.is_timeout() && !err.is_connect() {
         AttemptError::when(
@@ -652,6 +658,28 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// reqwest's message names the URL, query and all; a query may carry a
+    /// credential (`?key=`), and the reason reaches logs and callers.
+    #[tokio::test]
+    async fn a_send_error_names_no_url() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let err = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/v1/models?key=AIza-SECRET"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(
+            error_chain(&err).contains("AIza-SECRET"),
+            "reqwest's own message names the URL"
+        );
+        let attempt = classify_send_error(err, "mock", false);
+        let text = attempt.error.to_string();
+        assert!(attempt.retryable, "a connect error is retried");
+        assert!(!text.contains("AIza-SECRET"), "{text}");
+    }
 
     #[test]
     fn urls_stay_below_the_base_path_on_its_origin() {

@@ -23,6 +23,7 @@ mod deploy;
 mod edges;
 mod embeddings;
 mod fuzz_corpora;
+mod gemini;
 mod label_fields;
 mod logs;
 mod long_calls;

@@ -28,6 +28,8 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// directory (under the target directory) it is installed into when the
 /// system lacks it.
 struct Sdk {
+    /// The pip package (the module's name when `None`).
+    package: Option<&'static str>,
     module: &'static str,
     from: (u32, u32),
     until: (u32, u32),
@@ -38,12 +40,14 @@ impl Sdk {
     /// The pip requirement for the supported versions.
     fn requirement(&self) -> String {
         let Self {
+            package,
             module,
             from: (from_major, from_minor),
             until: (until_major, until_minor),
             ..
         } = self;
-        format!("{module}>={from_major}.{from_minor},<{until_major}.{until_minor}")
+        let package = package.unwrap_or(module);
+        format!("{package}>={from_major}.{from_minor},<{until_major}.{until_minor}")
     }
 
     /// Python that exits 0 only if an importable package is a supported version.
@@ -64,6 +68,7 @@ impl Sdk {
 
 /// The OpenAI SDK's v1 interface (`OpenAI`, `with_raw_response`), which the scripts use.
 const OPENAI: Sdk = Sdk {
+    package: None,
     module: "openai",
     from: (1, 40),
     until: (4, 0),
@@ -72,10 +77,20 @@ const OPENAI: Sdk = Sdk {
 
 /// The Anthropic SDK with `messages.stream` and `with_raw_response`.
 const ANTHROPIC: Sdk = Sdk {
+    package: None,
     module: "anthropic",
     from: (0, 40),
     until: (3, 0),
     deps: "pydeps-anthropic",
+};
+
+/// Google's `google-genai` (`genai.Client`, `types.HttpOptions`, `errors.APIError`).
+const GOOGLE_GENAI: Sdk = Sdk {
+    package: Some("google-genai"),
+    module: "google.genai",
+    from: (1, 0),
+    until: (4, 0),
+    deps: "pydeps-google-genai",
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,6 +375,16 @@ impl Python {
         Self { pythonpath }
     }
 
+    /// As `with_openai`, for Google's `google-genai` package.
+    pub(crate) async fn with_google_genai() -> Self {
+        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
+        let pythonpath = FOUND
+            .get_or_init(|| async { Self::find_or_install(&GOOGLE_GENAI).await.pythonpath })
+            .await
+            .clone();
+        Self { pythonpath }
+    }
+
     async fn find_or_install(sdk: &Sdk) -> Self {
         let system = Self { pythonpath: None };
         if system.imports(sdk).await {
@@ -384,7 +409,7 @@ impl Python {
 
     /// Runs `tests/sdk/<script> <base_url>/v1`; asserts it exited 0 and
     /// returns its last stdout line as JSON, and its stderr.
-    async fn run_script(&self, script: &str, base_url: &str) -> (Value, String) {
+    pub(crate) async fn run_script(&self, script: &str, base_url: &str) -> (Value, String) {
         self.run_script_with(script, base_url, &[]).await
     }
 
@@ -409,7 +434,11 @@ impl Python {
             // The SDKs read keys and a base URL from these; the scripts choose their own.
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("ANTHROPIC_AUTH_TOKEN")
-            .env_remove("ANTHROPIC_BASE_URL");
+            .env_remove("ANTHROPIC_BASE_URL")
+            .env_remove("GOOGLE_API_KEY")
+            .env_remove("GEMINI_API_KEY")
+            .env_remove("GOOGLE_GEMINI_BASE_URL")
+            .env_remove("GOOGLE_GENAI_USE_VERTEXAI");
         let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
