@@ -45,6 +45,7 @@ use crate::{
     fingerprint::Endpoint,
     held_body::hold_until_body_ends,
     limits::Places,
+    passthrough,
     state::AppState,
     telemetry::{self, AccessLine},
     tenant::TenantScope,
@@ -117,8 +118,13 @@ where
         // A refusal is answered in the shape the route's clients parse.
         let shape = ErrorShape::for_path(path);
         // The deduplicated endpoints' `POST`s go to their handler from here,
-        // past the router and its boxing, with the body admission read.
-        let direct = endpoint.filter(|_| method == Method::POST);
+        // past the router and its boxing, with the body admission read. One
+        // that carries a Gemini key goes to the pass-through, which refuses
+        // it: a Gemini key is never sent to another provider.
+        let direct = endpoint.filter(|_| {
+            method == Method::POST
+                && !passthrough::gemini::is_native(path, request.headers(), uri.query())
+        });
         // Every other request runs in its `request` span; a deduplicated one
         // makes its span only when it does more than read the cache
         // (`dedup::Caller::span`). The path only: a query string may carry anything.

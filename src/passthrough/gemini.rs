@@ -7,10 +7,10 @@
 //! `api: gemini` upstream yet, so it answers 404 in Gemini's error shape, and
 //! sends nothing anywhere.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 
 /// The header Google's SDKs carry the key in.
-pub const GEMINI_KEY_HEADER: &str = "x-goog-api-key";
+pub const GEMINI_KEY_HEADER: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// Gemini's model methods (`models/{model}:{method}`). OpenAI model ids have
 /// colons too (a fine-tuned `ft:gpt-4o-mini:org::id`), so the method, not
@@ -37,7 +37,7 @@ pub fn is_native(path: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
         .strip_prefix("/v1/models/")
         .and_then(|rest| rest.rsplit_once(':'))
         .is_some_and(|(_, method)| MODEL_METHODS.contains(&method));
-    let credential = headers.contains_key(GEMINI_KEY_HEADER)
+    let credential = headers.contains_key(&GEMINI_KEY_HEADER)
         || query.is_some_and(|query| {
             query.split('&').any(|pair| {
                 let name = pair.split_once('=').map_or(pair, |(name, _)| name);

@@ -50,6 +50,9 @@ async fn gemini_requests_get_a_404_in_geminis_shape_and_reach_no_provider() {
         // A Gemini credential makes the model list Gemini's, not the merged one.
         ("GET", "/v1/models", true),
         ("GET", "/v1beta/models", false),
+        // A deduplicated endpoint too: the key would have gone along.
+        ("POST", "/v1/chat/completions", true),
+        ("POST", &format!("/v1/embeddings?key={KEY}"), false),
         ("GET", &format!("/v1/files?key={KEY}"), false),
     ] {
         let (status, body) = send(&gateway, method, path, key_header).await;
