@@ -78,19 +78,6 @@ pub struct DedupParts {
 
 impl Dedup {
     pub fn new(config: &Config, parts: DedupParts) -> Self {
-        let DedupParts {
-            routes,
-            upstream,
-            coalescer,
-            purges,
-            retry_window,
-            auth,
-            budgets,
-            metrics,
-            clock,
-            traced,
-            cut_upstream,
-        } = parts;
         Self {
             cache: config.cache.clone(),
             coalesce: config.coalesce.clone(),
@@ -98,19 +85,19 @@ impl Dedup {
             item_limits: ItemLimits::from(&config.limits),
             upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
             upstream_keys: config.upstreams.iter().map(|u| u.identity()).collect(),
-            stream_limits: stream_log_limits(config, &metrics),
-            routes,
-            upstream,
-            coalescer,
+            stream_limits: stream_log_limits(config, &parts.metrics),
+            routes: parts.routes,
+            upstream: parts.upstream,
+            coalescer: parts.coalescer,
             memo: RequestMemo::default(),
-            purges,
-            retry_window,
-            auth,
-            budgets,
-            metrics,
-            clock,
-            traced,
-            cut_upstream,
+            purges: parts.purges,
+            retry_window: parts.retry_window,
+            auth: parts.auth,
+            budgets: parts.budgets,
+            metrics: parts.metrics,
+            clock: parts.clock,
+            traced: parts.traced,
+            cut_upstream: parts.cut_upstream,
         }
     }
 
