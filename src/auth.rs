@@ -44,6 +44,9 @@ pub fn bearer_token(value: &[u8]) -> &[u8] {
 /// Anthropic's credential header (its SDKs, curl examples, coding agents).
 pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
 
+/// The header Google's SDKs carry a Gemini key in (also `?key=`).
+pub const GEMINI_KEY_HEADER: HeaderName = HeaderName::from_static("x-goog-api-key");
+
 /// The caller's credential: the token of its `Authorization` header, else its
 /// `x-api-key`; an empty one is none. Every reader of a caller's identity goes
 /// through here, so two headers can never name two tenants for one request.

@@ -1,8 +1,8 @@
 //! Every `/v1/*` request that is not a deduplicated endpoint's `POST` is
 //! proxied through by the pass-through (`passthrough/`), its body as
 //! admission read it: the path must stay inside the provider's API. Gemini's
-//! native API (`/v1beta/*`, a Gemini model method, a Gemini key) goes to no
-//! provider but Gemini's, and none is configured: 404 in Gemini's shape.
+//! native API (`/v1beta/*`, a Gemini model method, a Gemini key) goes to a
+//! Gemini upstream only (404 in Gemini's shape without one).
 
 use axum::{
     http::{Uri, request::Parts},
@@ -21,10 +21,11 @@ use crate::{
 pub(super) async fn serve(app: &AppState, parts: Parts, body: Bytes) -> Response {
     let path = parts.uri.path();
     if gemini::is_native(path, &parts.headers, parts.uri.query()) {
-        let refused = GatewayError::NoGeminiUpstream {
-            path: path.to_owned(),
-        };
-        return refused.to_response_as(ErrorShape::Gemini);
+        return app
+            .passthrough()
+            .serve_gemini(parts.method, path, &parts.headers, parts.uri.query(), body)
+            .await
+            .unwrap_or_else(|error| error.to_response_as(ErrorShape::Gemini));
     }
     let shape = ErrorShape::for_path(path);
     proxy(app, parts, body)

@@ -56,11 +56,23 @@ fn an_upstream_names_the_api_it_speaks() {
         "settable from the environment"
     );
 
-    let err = Config::load(&format!("{BASE}    api: gemini\n"), [])
+    let err = Config::load(&format!("{BASE}    api: vertex\n"), [])
         .unwrap_err()
         .to_string();
     assert!(err.contains("upstreams[0].api"), "{err}");
-    assert!(err.contains("openai") && err.contains("anthropic"), "{err}");
+    assert!(
+        err.contains("openai") && err.contains("anthropic") && err.contains("gemini"),
+        "{err}"
+    );
+    // Gemini's base URL names its version, as Anthropic's does.
+    let gemini = "listen: 127.0.0.1:8080\nupstreams:\n  - {name: g, api: gemini, base_url: 'https://generativelanguage.googleapis.com/v1beta'}\n";
+    assert_eq!(
+        Config::load(gemini, []).unwrap().upstreams[0].api,
+        Api::Gemini
+    );
+    let bare = gemini.replace("/v1beta", "");
+    let err = Config::load(&bare, []).unwrap_err().to_string();
+    assert!(err.contains("ends in its version"), "{err}");
     let bare = "listen: 127.0.0.1:8080\nupstreams:\n  - {name: a, api: anthropic, base_url: 'https://api.anthropic.com'}\n";
     let err = Config::load(bare, []).unwrap_err().to_string();
     assert!(

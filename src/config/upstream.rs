@@ -70,6 +70,12 @@ pub enum Api {
     /// `x-api-key: <key>` and an `anthropic-version` header.
     #[serde(rename = "anthropic")]
     Anthropic,
+    /// Gemini's native API (`/models/{model}:generateContent`, ...), its
+    /// `base_url` the API root with its version
+    /// (`https://generativelanguage.googleapis.com/v1beta`): `x-goog-api-key:
+    /// <key>`. Served by the pass-through (`passthrough/gemini.rs`).
+    #[serde(rename = "gemini")]
+    Gemini,
 }
 
 impl UpstreamConfig {
@@ -91,6 +97,7 @@ impl Api {
         match self {
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
+            Self::Gemini => "gemini",
         }
     }
 }

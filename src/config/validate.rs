@@ -229,6 +229,12 @@ impl Config {
             // Anthropic's SDKs take the bare host as their base URL and add
             // `/v1/messages`; corral adds `/messages` to its base URL, so the
             // bare host would send every request to a path that does not exist.
+            if upstream.api == Api::Gemini && url.path().trim_end_matches('/').is_empty() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].base_url"),
+                    "a Gemini base URL ends in its version, e.g. https://generativelanguage.googleapis.com/v1beta (corral appends /models/...)",
+                ));
+            }
             if upstream.api == Api::Anthropic && url.path().trim_end_matches('/').is_empty() {
                 return Err(ConfigError::key(
                     format!("upstreams[{i}].base_url"),

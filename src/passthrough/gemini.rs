@@ -3,14 +3,126 @@
 //! `/v1beta/models/{model}:generateContent` (their 3.x versions to `/v1/`)
 //! with the key in `x-goog-api-key` or `?key=`. Relayed as an ordinary
 //! pass-through, such a request would go to an OpenAI upstream, its Gemini
-//! key with it (in the URL, where a proxy or a log keeps it). corral has no
-//! `api: gemini` upstream yet, so it answers 404 in Gemini's error shape, and
-//! sends nothing anywhere.
+//! key with it (in the URL, where a proxy or a log keeps it).
+//!
+//! With an `api: gemini` upstream, [`Passthrough::serve_gemini`] relays it
+//! there, routed by the model its path names; the caller's key goes only
+//! there and only as `x-goog-api-key` (never in the URL), and not at all when
+//! corral has a key of its own for it. Without one, it is answered 404 in
+//! Gemini's error shape and sent nowhere. (Not deduplicated yet: relayed as
+//! it came, streams included.)
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::{
+    http::{HeaderMap, HeaderValue, Method},
+    response::Response,
+};
+use bytes::Bytes;
 
-/// The header Google's SDKs carry the key in.
-pub const GEMINI_KEY_HEADER: HeaderName = HeaderName::from_static("x-goog-api-key");
+use super::{Passthrough, ProxyPath, relay::forwarded_headers};
+use crate::{auth::GEMINI_KEY_HEADER, config::Api, error::GatewayError, upstream::Outbound};
+
+impl Passthrough<'_> {
+    /// Relays a request [`is_native`] recognized to a Gemini upstream.
+    pub async fn serve_gemini(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        body: Bytes,
+    ) -> Result<Response, GatewayError> {
+        let refused = || GatewayError::NoGeminiUpstream {
+            path: path.to_owned(),
+        };
+        let first = self.routes.first_of(Api::Gemini).ok_or_else(refused)?;
+        // Below the caller's version (`/v1beta` or `/v1`), which the
+        // upstream's base URL names instead; fenced like every proxied path.
+        let below = path
+            .strip_prefix("/v1beta")
+            .or_else(|| path.strip_prefix("/v1"))
+            .filter(|rest| rest.starts_with('/'))
+            .ok_or_else(refused)?;
+        let fenced = ProxyPath::parse(&format!("/v1{below}"))?;
+        let upstream =
+            match model_of(fenced.below_base()) {
+                Some(model) => self.routes.route_for(Api::Gemini, model).ok_or_else(|| {
+                    GatewayError::NoRoute {
+                        model: model.to_owned(),
+                    }
+                })?,
+                None => first,
+            };
+        self.policy
+            .check(&method, fenced.decoded(), self.shares_a_key(upstream))?;
+        let (key, query) = caller_key(headers, query)?;
+        let outbound = Outbound {
+            upstream,
+            method,
+            path: fenced.below_base().to_owned().into(),
+            query,
+            headers: forwarded_headers(headers),
+            authorization: key,
+            body,
+        };
+        self.relay(&outbound).await
+    }
+}
+
+/// The model a Gemini path names: `/models/{model}` or `/models/{model}:{method}`.
+fn model_of(below: &str) -> Option<&str> {
+    let rest = below.strip_prefix("/models/")?;
+    let model = rest.split(['/', ':']).next()?;
+    (!model.is_empty()).then_some(model)
+}
+
+/// The caller's Gemini key (`x-goog-api-key`, else `?key=`), and the query
+/// without it: the key goes upstream in its header only, never in the URL.
+/// Two different keys in one request are refused: whose would it be?
+fn caller_key(
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<(Option<HeaderValue>, Option<String>), GatewayError> {
+    let mut from_query = None;
+    let mut kept = Vec::new();
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key" {
+            let value = percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned();
+            if from_query.as_ref().is_some_and(|seen| *seen != value) {
+                return Err(two_keys());
+            }
+            from_query = Some(value);
+        } else {
+            kept.push(pair);
+        }
+    }
+    let from_header = headers.get(&GEMINI_KEY_HEADER).cloned();
+    let key = match (from_header, from_query) {
+        (Some(header), Some(query)) if header.as_bytes() != query.as_bytes() => {
+            return Err(two_keys());
+        }
+        (Some(header), _) => Some(header),
+        (None, Some(query)) => Some(
+            HeaderValue::from_str(&query)
+                .map_err(|_| GatewayError::invalid("the `key` parameter is not a valid key"))?,
+        ),
+        (None, None) => None,
+    };
+    let query = (!kept.is_empty()).then(|| kept.join("&"));
+    Ok((key, query))
+}
+
+fn two_keys() -> GatewayError {
+    GatewayError::invalid(
+        "the request carries two different Gemini keys (`x-goog-api-key` and `key`); send one",
+    )
+}
 
 /// Gemini's model methods (`models/{model}:{method}`). OpenAI model ids have
 /// colons too (a fine-tuned `ft:gpt-4o-mini:org::id`), so the method, not
@@ -49,9 +161,38 @@ pub fn is_native(path: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
-
     use super::*;
+
+    #[test]
+    fn the_key_leaves_the_query_and_two_different_keys_are_refused() {
+        let none = HeaderMap::new();
+        let (key, query) = caller_key(&none, Some("alt=sse&key=AIza%2Dx&pageSize=2")).unwrap();
+        assert_eq!(key.unwrap(), "AIza-x");
+        assert_eq!(query.as_deref(), Some("alt=sse&pageSize=2"));
+        let (key, query) = caller_key(&none, Some("key=AIza-x")).unwrap();
+        assert_eq!(key.unwrap(), "AIza-x");
+        assert_eq!(query, None);
+        let mut keyed = HeaderMap::new();
+        keyed.insert(GEMINI_KEY_HEADER, HeaderValue::from_static("AIza-x"));
+        assert_eq!(
+            caller_key(&keyed, Some("key=AIza-x")).unwrap().0.unwrap(),
+            "AIza-x",
+            "the same key in both places is one key"
+        );
+        assert!(caller_key(&keyed, Some("key=AIza-y")).is_err());
+        assert!(caller_key(&none, Some("key=AIza-x&key=AIza-y")).is_err());
+        assert_eq!(caller_key(&none, None).unwrap(), (None, None));
+        assert_eq!(
+            model_of("/models/gemini-2.5-flash:generateContent"),
+            Some("gemini-2.5-flash")
+        );
+        assert_eq!(
+            model_of("/models/gemini-2.5-flash"),
+            Some("gemini-2.5-flash")
+        );
+        assert_eq!(model_of("/models"), None);
+        assert_eq!(model_of("/files/abc"), None);
+    }
 
     #[test]
     fn gemini_paths_and_credentials_are_recognized_and_openai_ids_are_not() {

@@ -25,8 +25,11 @@ use crate::{auth::forwarded_credential, error::GatewayError, upstream::Outbound}
 impl Passthrough<'_> {
     /// `GET /v1/models`: every upstream's list, merged (see the module docs).
     pub(super) async fn models(&self, headers: &HeaderMap) -> Result<Response, GatewayError> {
-        let upstreams = 0..self.upstreams.len();
-        let asked = upstreams.clone().map(|upstream| async move {
+        // Gemini's own list is Gemini's (`gemini.rs`), merged into nothing else.
+        let upstreams: Vec<usize> = (0..self.upstreams.len())
+            .filter(|&upstream| self.upstreams[upstream].api != crate::config::Api::Gemini)
+            .collect();
+        let asked = upstreams.iter().map(|&upstream| async move {
             self.policy
                 .check(&Method::GET, "/v1/models", self.shares_a_key(upstream))?;
             let outbound = Outbound {
@@ -51,7 +54,7 @@ impl Passthrough<'_> {
         let mut errors = Vec::new();
         let mut seen = HashSet::new();
         let mut data = Vec::new();
-        for (upstream, answer) in upstreams.zip(answers) {
+        for (&upstream, answer) in upstreams.iter().zip(answers) {
             let list = match answer {
                 Ok(list) => list,
                 Err(error) => {
@@ -76,7 +79,7 @@ impl Passthrough<'_> {
             }
         }
         // A partial list beats none; when every upstream failed, the first failure answers.
-        if errors.len() == self.upstreams.len()
+        if errors.len() == upstreams.len()
             && let Some(first) = errors.into_iter().next()
         {
             return Err(first);

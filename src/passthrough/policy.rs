@@ -20,6 +20,9 @@ pub const STATELESS: &[&str] = &[
     "POST /v1/embeddings",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
+    // Gemini's model methods (generateContent, countTokens, embedContent, ...),
+    // as `gemini.rs` checks them: below `/v1/`, whatever the caller's version.
+    "POST /v1/models/*",
 ];
 
 /// Which proxied requests are let through; see the module docs.

@@ -43,8 +43,8 @@ const HOP_BY_HOP: &[&str] = &[
 fn api_of(path: &str) -> Api {
     match ErrorShape::for_path(path) {
         ErrorShape::Anthropic => Api::Anthropic,
-        // Gemini's paths are refused before they are routed (`gemini.rs`).
-        ErrorShape::OpenAi | ErrorShape::Gemini => Api::OpenAi,
+        ErrorShape::OpenAi => Api::OpenAi,
+        ErrorShape::Gemini => Api::Gemini,
     }
 }
 
@@ -88,7 +88,20 @@ impl Passthrough<'_> {
                         model: "(none: no upstream speaks the Anthropic API)".to_owned(),
                     })?
             }
-            (None, Api::OpenAi) => self.routes.first_of(api).unwrap_or(0),
+            // An OpenAI path without a model: an OpenAI upstream, else any
+            // but a Gemini one (which takes Gemini's requests only).
+            (None, Api::OpenAi) => self
+                .routes
+                .first_of(api)
+                .or_else(|| self.routes.first_of(Api::Anthropic))
+                .ok_or_else(|| GatewayError::NoRoute {
+                    model: "(none: no upstream speaks the OpenAI API)".to_owned(),
+                })?,
+            // Gemini's requests are `serve_gemini`'s (`gemini.rs`); one that
+            // reads as Gemini's never goes to another provider.
+            (_, Api::Gemini) => {
+                return Err(GatewayError::NoGeminiUpstream { path: full_path });
+            }
         };
         self.policy
             .check(&method, &full_path, self.shares_a_key(upstream))?;
@@ -111,7 +124,7 @@ impl Passthrough<'_> {
     }
 
     /// Sends `outbound` and streams the provider's answer back, whatever its status.
-    async fn relay(&self, outbound: &Outbound) -> Result<Response, GatewayError> {
+    pub(super) async fn relay(&self, outbound: &Outbound) -> Result<Response, GatewayError> {
         // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
         let started = Instant::now();
         let upstream = self.upstream.call_streaming(outbound).await?;

@@ -21,7 +21,7 @@ use super::{
     retry::{self, AttemptError},
 };
 use crate::{
-    auth::{API_KEY_HEADER, bearer_token},
+    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, bearer_token},
     breaker::BreakerState,
     clock::{Clock, SystemClock},
     config::{Api, Config, RetryConfig, Secret},
@@ -538,6 +538,20 @@ fn authenticate(
                 .any(|(name, _)| name == ANTHROPIC_VERSION)
             {
                 request = request.header(ANTHROPIC_VERSION, DEFAULT_ANTHROPIC_VERSION);
+            }
+        }
+        // The pass-through hands over the caller's Gemini key as it is.
+        Api::Gemini => {
+            let key = match (own_key, &outbound.authorization) {
+                (Some(key), _) => Some(HeaderValue::from_str(key.expose()).map_err(|_| {
+                    GatewayError::invalid("the API key is not a valid header value")
+                })?),
+                (None, Some(caller)) => Some(caller.clone()),
+                (None, None) => None,
+            };
+            if let Some(mut key) = key {
+                key.set_sensitive(true);
+                request = request.header(GEMINI_KEY_HEADER, key);
             }
         }
     }

@@ -64,6 +64,8 @@ pub fn is_retryable_status(api: Api, status: StatusCode, headers: &HeaderMap, bo
     }
     let retryable = match api {
         Api::OpenAi => matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504),
+        // What Google's SDKs retry.
+        Api::Gemini => matches!(status.as_u16(), 408 | 429 | 500 | 502 | 503 | 504),
         Api::Anthropic => {
             should_retry.as_deref() == Some(b"true")
                 || matches!(status.as_u16(), 408 | 409 | 429)

@@ -44,9 +44,10 @@ impl Routes {
     /// provider's `GET /v1/models/{id}`, say).
     pub fn route_preferring(&self, api: Api, model: &str) -> Option<usize> {
         self.route_for(api, model).or_else(|| {
+            // Gemini's upstreams take Gemini's requests only.
             self.routes
                 .iter()
-                .find(|(_, _, pattern)| pattern.matches(model))
+                .find(|(_, speaks, pattern)| *speaks != Api::Gemini && pattern.matches(model))
                 .map(|(index, _, _)| *index)
         })
     }

@@ -1,12 +1,54 @@
-//! Gemini's native API before corral has a Gemini adapter: a request that
-//! speaks it (a `/v1beta/` path, a Gemini model method, a Gemini key in
-//! `x-goog-api-key` or `?key=`) is answered 404 in Gemini's error shape and
-//! sent nowhere, so a Gemini key never reaches another provider. Google's own
-//! SDK raises its own error type for it.
+//! Gemini's native API: a request that speaks it (a `/v1beta/` path, a Gemini
+//! model method, a Gemini key in `x-goog-api-key` or `?key=`) goes to an
+//! `api: gemini` upstream only, its key only as `x-goog-api-key`; without one
+//! it is answered 404 in Gemini's error shape and sent nowhere, so a Gemini
+//! key never reaches another provider. Google's own SDK is the client.
 
+use corral::config::{Api, Config, Secret};
 use serde_json::{Value, json};
 
 use crate::{harness::TestGateway, sdk::Python};
+
+/// Adds an `api: gemini` upstream at the mock's `/v1beta` (for `gemini-*`).
+fn with_gemini(config: &mut Config) {
+    let mut gemini = config.upstreams[0].clone();
+    gemini.name = "gemini".into();
+    gemini.api = Api::Gemini;
+    gemini.base_url = format!("{}beta", gemini.base_url.trim_end_matches('/'));
+    gemini.models = vec!["gemini-*".into()];
+    gemini.api_key = None;
+    config.upstreams[0].models = vec!["gpt-*".into(), "text-embedding-*".into()];
+    config.upstreams.push(gemini);
+}
+
+/// The `x-goog-api-key` the mock saw on each Gemini call (`-` for none), and
+/// whether any carried `authorization` or a `key` in its query.
+fn keys_seen(gateway: &TestGateway) -> (Vec<String>, bool) {
+    let calls: Vec<_> = gateway
+        .provider
+        .requests()
+        .into_iter()
+        .filter(|request| request.path.starts_with("/v1beta/"))
+        .collect();
+    let keys = calls
+        .iter()
+        .map(|request| {
+            request
+                .headers
+                .iter()
+                .find(|(name, _)| name == "x-goog-api-key")
+                .map_or("-".to_owned(), |(_, value)| value.clone())
+        })
+        .collect();
+    let leaked = calls.iter().any(|request| {
+        request
+            .headers
+            .iter()
+            .any(|(name, _)| name == "authorization")
+            || request.query.as_deref().is_some_and(|q| q.contains("key="))
+    });
+    (keys, leaked)
+}
 
 const KEY: &str = "AIza-GEMINICANARY-7d1e";
 
@@ -139,4 +181,133 @@ async fn a_refused_gemini_request_is_refused_in_geminis_shape() {
     assert_eq!(body["error"]["code"], 401, "{body}");
     assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
     assert_eq!(gateway.provider.received(), Vec::<String>::new());
+}
+
+/// With an `api: gemini` upstream, Gemini's requests go there and nowhere
+/// else: the key (from the header or the query) as `x-goog-api-key` only, the
+/// version the upstream's base URL names; two different keys are a 400.
+#[tokio::test]
+async fn gemini_requests_go_to_the_gemini_upstream_with_the_key_in_its_header_only() {
+    let gateway = TestGateway::start(with_gemini).await;
+    let (status, body) = send(
+        &gateway,
+        "POST",
+        "/v1beta/models/gemini-2.5-flash:countTokens",
+        true,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["totalTokens"].as_u64().is_some_and(|n| n > 0),
+        "{body}"
+    );
+    let (status, body) = send(
+        &gateway,
+        "POST",
+        &format!("/v1/models/gemini-2.5-flash:generateContent?key={KEY}"),
+        false,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["candidates"][0]["finishReason"], "STOP", "{body}");
+    let (status, body) = send(&gateway, "GET", "/v1/models", true).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["models"][0]["name"], "models/gemini-2.5-flash",
+        "Gemini's own list: {body}"
+    );
+    let (status, body) = send(
+        &gateway,
+        "POST",
+        "/v1beta/models/gemini-2.5-flash:countTokens?key=AIza-another",
+        true,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{body}");
+    let (status, body) = send(
+        &gateway,
+        "POST",
+        "/v1beta/models/gpt-4o-mini:countTokens",
+        true,
+    )
+    .await;
+    assert_eq!(status, 404, "a model no Gemini upstream serves: {body}");
+    assert_eq!(body["error"]["code"], 404, "{body}");
+    assert_eq!(
+        gateway.provider.received(),
+        [
+            "POST /v1beta/models/gemini-2.5-flash:countTokens",
+            "POST /v1beta/models/gemini-2.5-flash:generateContent",
+            "GET /v1beta/models",
+        ],
+        "the key left the query; nothing went to the OpenAI upstream"
+    );
+    let (keys, leaked) = keys_seen(&gateway);
+    assert_eq!(keys, [KEY, KEY]);
+    assert!(!leaked);
+
+    // With corral's own Gemini key, the caller's is not sent at all.
+    let own = TestGateway::start(|config| {
+        with_gemini(config);
+        config.upstreams[1].api_key = Some(Secret::new("AIza-corrals-own".into()));
+    })
+    .await;
+    let (status, body) = send(
+        &own,
+        "POST",
+        "/v1beta/models/gemini-2.5-flash:countTokens",
+        true,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        keys_seen(&own),
+        (vec!["AIza-corrals-own".to_owned()], false)
+    );
+}
+
+/// `google-genai` against a corral with a Gemini upstream: `count_tokens`,
+/// `models.list` and `generate_content` reach it (relayed as they came, not
+/// deduplicated yet), each with the caller's key in `x-goog-api-key` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn googles_sdk_reaches_the_gemini_upstream_through_corral() {
+    let python = Python::with_google_genai().await;
+    let gateway = TestGateway::start(with_gemini).await;
+    let (results, stderr) = python
+        .run_script("gemini_passthrough.py", &gateway.url)
+        .await;
+    let context = format!("results: {results}\nstderr: {stderr}");
+    assert!(
+        results["total_tokens"].as_u64().is_some_and(|n| n > 0),
+        "{context}"
+    );
+    assert!(
+        results["models"]
+            .as_array()
+            .is_some_and(|models| models.iter().any(|m| m == "models/gemini-2.5-flash")),
+        "{context}"
+    );
+    assert!(
+        results["text"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("mock gemini answer")),
+        "{context}"
+    );
+    let (keys, leaked) = keys_seen(&gateway);
+    assert_eq!(
+        keys,
+        [KEY, KEY],
+        "count_tokens and generate_content; {context}"
+    );
+    assert!(!leaked, "{context}");
+    assert!(
+        gateway
+            .provider
+            .received()
+            .iter()
+            .all(|line| line.contains("/v1beta/")),
+        "nothing went to the OpenAI upstream: {:?}",
+        gateway.provider.received()
+    );
 }

@@ -20,6 +20,7 @@ use serde_json::json;
 use super::admin;
 use super::anthropic;
 use super::delivery::{self, Delivery};
+use super::gemini;
 use super::openai::{self, Answer, InvalidRequest};
 use super::{FailureMode, RecordedRequest, Scripted, Shared};
 
@@ -39,6 +40,8 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1beta/models", get(gemini_models))
+        .route("/v1beta/models/{target}", post(gemini_call))
         .merge(admin::router())
         .fallback(not_found)
         .layer(middleware::from_fn(provider_headers))
@@ -60,6 +63,8 @@ enum Endpoint {
     Responses,
     Messages,
     CountTokens,
+    /// Gemini's `models/{model}:{method}`.
+    Gemini,
 }
 
 impl Endpoint {
@@ -72,6 +77,8 @@ impl Endpoint {
     fn error(self, status: StatusCode, kind: &str, message: &str, code: Option<&str>) -> Response {
         if self.is_anthropic() {
             anthropic::error(status, kind, message)
+        } else if let Self::Gemini = self {
+            gemini::error(status, message)
         } else {
             openai_error(status, kind, message, code)
         }
@@ -112,6 +119,14 @@ async fn messages(State(shared): State<Arc<Shared>>, request: Request) -> Respon
 
 async fn count_tokens(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::CountTokens, request).await
+}
+
+async fn gemini_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    billable(&shared, Endpoint::Gemini, request).await
+}
+
+async fn gemini_models() -> Response {
+    Json(gemini::models()).into_response()
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
@@ -221,6 +236,7 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Responses => super::responses::responses(&body, arrival.call),
                     Endpoint::Messages => anthropic::messages(&parts.headers, &body, arrival.call),
                     Endpoint::CountTokens => anthropic::count_tokens(&parts.headers, &body),
+                    Endpoint::Gemini => gemini::call(parts.uri.path(), &body, arrival.call),
                 };
                 if let (Endpoint::Embeddings, Ok(_)) = (endpoint, &answer) {
                     shared.embedded(openai::embedding_inputs(&body));

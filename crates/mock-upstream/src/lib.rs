@@ -23,6 +23,7 @@
 mod admin;
 mod anthropic;
 mod delivery;
+mod gemini;
 mod http;
 mod openai;
 mod responses;
