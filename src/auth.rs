@@ -48,18 +48,22 @@ pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
 pub const GEMINI_KEY_HEADER: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// The caller's credential: the token of its `Authorization` header, else its
-/// `x-api-key`; an empty one is none. Every reader of a caller's identity goes
-/// through here, so two headers can never name two tenants for one request.
+/// `x-api-key`, else its `x-goog-api-key` (Google's SDKs); an empty one is
+/// none. Every reader of a caller's identity goes through here, so two
+/// headers can never name two tenants for one request. (A Gemini key in the
+/// query, `?key=`, is the same credential: [`Auth::authenticate_credential`].)
 pub fn credential(headers: &HeaderMap) -> Option<&[u8]> {
     headers
         .get(header::AUTHORIZATION)
         .map(|value| bearer_token(value.as_bytes()))
         .filter(|token| !token.is_empty())
         .or_else(|| {
-            headers
-                .get(API_KEY_HEADER)
-                .map(|value| value.as_bytes().trim_ascii())
-                .filter(|key| !key.is_empty())
+            [API_KEY_HEADER, GEMINI_KEY_HEADER].iter().find_map(|name| {
+                headers
+                    .get(name)
+                    .map(|value| value.as_bytes().trim_ascii())
+                    .filter(|key| !key.is_empty())
+            })
         })
 }
 
@@ -150,7 +154,16 @@ impl Auth {
     /// scope even with `cache.scope: global`: sharing answers is not sharing
     /// a rate limit.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<TenantScope, GatewayError> {
-        let credential = credential(headers);
+        self.authenticate_credential(credential(headers))
+    }
+
+    /// As [`authenticate`](Self::authenticate), for a credential found
+    /// elsewhere (a Gemini key in the query): one key is one tenant, in
+    /// whichever place it came.
+    pub fn authenticate_credential(
+        &self,
+        credential: Option<&[u8]>,
+    ) -> Result<TenantScope, GatewayError> {
         if self.enabled() {
             let known = credential.is_some_and(|token| self.keys.contains(&key_hash(token)));
             if !known {
@@ -247,6 +260,25 @@ mod tests {
         assert_eq!(key, "Bearer sk-ant-a");
         assert!(key.is_sensitive());
         assert!(forwarded_credential(&HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn a_gemini_key_is_a_credential_in_its_header_or_the_query() {
+        let config = Config::for_tests("http://127.0.0.1:1/v1");
+        let auth = Auth::new(&config);
+        let mut goog = HeaderMap::new();
+        goog.insert(GEMINI_KEY_HEADER, HeaderValue::from_static("AIza-a"));
+        assert_eq!(credential(&goog), Some(&b"AIza-a"[..]));
+        let from_header = auth.authenticate(&goog).unwrap();
+        assert!(from_header == auth.authenticate(&api_key("AIza-a")).unwrap());
+        assert!(from_header == auth.authenticate_credential(Some(b"AIza-a")).unwrap());
+        assert!(from_header != auth.authenticate(&api_key("AIza-b")).unwrap());
+        // `Authorization` still comes first.
+        goog.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-x"),
+        );
+        assert_eq!(credential(&goog), Some(&b"sk-x"[..]));
         assert!(forwarded_credential(&headers(Some("Bearer  "))).is_none());
     }
 

@@ -339,7 +339,17 @@ where
     B::Error: Into<axum::BoxError>,
 {
     let mut places = app.limits().admit()?;
-    let tenant = app.auth().authenticate(request.headers())?;
+    // A Gemini key may come in the query (`?key=`): one key, one tenant, in
+    // whichever place it came.
+    let in_query = request
+        .uri()
+        .query()
+        .filter(|_| crate::auth::credential(request.headers()).is_none())
+        .and_then(|query| passthrough::gemini::query_key(Some(query)));
+    let tenant = match in_query {
+        Some(key) => app.auth().authenticate_credential(Some(key.as_bytes()))?,
+        None => app.auth().authenticate(request.headers())?,
+    };
     app.limits().admit_tenant(&tenant, &mut places)?;
     let (parts, body) = request.into_parts();
     let limit = app.config().limits.max_body_bytes;

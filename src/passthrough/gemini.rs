@@ -68,6 +68,19 @@ impl Passthrough<'_> {
     }
 }
 
+/// The Gemini key in a query's `key` parameter, percent-decoded (its first,
+/// when there are several; `caller_key` refuses two different ones).
+pub fn query_key(query: Option<&str>) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key").then(|| {
+            percent_encoding::percent_decode_str(&value.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
+}
+
 /// The model a Gemini path names: `/models/{model}` or `/models/{model}:{method}`.
 fn model_of(below: &str) -> Option<&str> {
     let rest = below.strip_prefix("/models/")?;

@@ -311,3 +311,29 @@ async fn googles_sdk_reaches_the_gemini_upstream_through_corral() {
         gateway.provider.received()
     );
 }
+
+/// Behind gateway keys, a Google SDK user's key is its gateway key, in
+/// `x-goog-api-key` or `?key=` alike: one key, one caller, either place. A
+/// key corral does not know is refused in Gemini's shape; the Gemini upstream
+/// gets corral's own key, never the caller's.
+#[tokio::test]
+async fn a_gateway_key_in_googles_places_is_the_callers_key() {
+    let gateway = TestGateway::start(|config| {
+        with_gemini(config);
+        config.upstreams[0].api_key = Some(Secret::new("sk-corral".into()));
+        config.upstreams[1].api_key = Some(Secret::new("AIza-corrals-own".into()));
+        config.auth.key_hashes = vec![corral::tenant::key_hash(KEY.as_bytes())];
+    })
+    .await;
+    let path = "/v1beta/models/gemini-2.5-flash:countTokens";
+    let (status, body) = send(&gateway, "POST", path, true).await;
+    assert_eq!(status, 200, "the key in x-goog-api-key: {body}");
+    let (status, body) = send(&gateway, "POST", &format!("{path}?key={KEY}"), false).await;
+    assert_eq!(status, 200, "the key in the query: {body}");
+    let (status, body) = send(&gateway, "POST", &format!("{path}?key=AIza-unknown"), false).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
+    let (keys, leaked) = keys_seen(&gateway);
+    assert_eq!(keys, ["AIza-corrals-own", "AIza-corrals-own"]);
+    assert!(!leaked);
+}
