@@ -68,17 +68,30 @@ impl Passthrough<'_> {
     }
 }
 
+/// A query's `&`-separated pairs, each with its value decoded when it is
+/// Gemini's `key` parameter (its name percent-decoded, as Google reads it).
+/// The one reader of `key`: recognizing, authenticating and relaying a
+/// Gemini request all see the same key.
+fn key_params(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let is_key = percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key";
+            let key = is_key.then(|| {
+                percent_encoding::percent_decode_str(&value.replace('+', " "))
+                    .decode_utf8_lossy()
+                    .into_owned()
+            });
+            (pair, key)
+        })
+}
+
 /// The Gemini key in a query's `key` parameter, percent-decoded (its first,
 /// when there are several; `caller_key` refuses two different ones).
 pub fn query_key(query: Option<&str>) -> Option<String> {
-    query?.split('&').find_map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key").then(|| {
-            percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    })
+    key_params(query?).find_map(|(_, key)| key)
 }
 
 /// The model a Gemini path names: `/models/{model}` or `/models/{model}:{method}`.
@@ -97,22 +110,15 @@ fn caller_key(
 ) -> Result<(Option<HeaderValue>, Option<String>), GatewayError> {
     let mut from_query = None;
     let mut kept = Vec::new();
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key" {
-            let value = percent_encoding::percent_decode_str(&value.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned();
-            if from_query.as_ref().is_some_and(|seen| *seen != value) {
-                return Err(two_keys());
+    for (pair, key) in key_params(query.unwrap_or_default()) {
+        match key {
+            Some(value) => {
+                if from_query.as_ref().is_some_and(|seen| *seen != value) {
+                    return Err(two_keys());
+                }
+                from_query = Some(value);
             }
-            from_query = Some(value);
-        } else {
-            kept.push(pair);
+            None => kept.push(pair),
         }
     }
     let from_header = headers.get(&GEMINI_KEY_HEADER).cloned();
@@ -162,13 +168,7 @@ pub fn is_native(path: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
         .strip_prefix("/v1/models/")
         .and_then(|rest| rest.rsplit_once(':'))
         .is_some_and(|(_, method)| MODEL_METHODS.contains(&method));
-    let credential = headers.contains_key(&GEMINI_KEY_HEADER)
-        || query.is_some_and(|query| {
-            query.split('&').any(|pair| {
-                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-                percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key"
-            })
-        });
+    let credential = headers.contains_key(&GEMINI_KEY_HEADER) || query_key(query).is_some();
     versioned || model_method || credential
 }
 

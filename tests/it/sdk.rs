@@ -347,6 +347,9 @@ async fn the_openai_python_sdks_responses_calls_are_deduplicated() {
     assert_eq!(chained, ["resp_a", "resp_b"], "{context}");
 }
 
+/// Where an SDK was found, per test process (`Python::found`).
+type Found = tokio::sync::OnceCell<Option<PathBuf>>;
+
 /// A python3 that can import a suitable `openai`, possibly from `pythonpath`.
 pub(crate) struct Python {
     pythonpath: Option<PathBuf>,
@@ -357,29 +360,26 @@ impl Python {
     /// target directory by an earlier run; else installs it there now. Found
     /// once per test process: two SDK tests must not install side by side.
     pub(crate) async fn with_openai() -> Self {
-        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
-        let pythonpath = FOUND
-            .get_or_init(|| async { Self::find_or_install(&OPENAI).await.pythonpath })
-            .await
-            .clone();
-        Self { pythonpath }
+        static FOUND: Found = Found::const_new();
+        Self::found(&FOUND, &OPENAI).await
     }
 
     /// As `with_openai`, for the `anthropic` package (in a directory of its own).
     pub(crate) async fn with_anthropic() -> Self {
-        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
-        let pythonpath = FOUND
-            .get_or_init(|| async { Self::find_or_install(&ANTHROPIC).await.pythonpath })
-            .await
-            .clone();
-        Self { pythonpath }
+        static FOUND: Found = Found::const_new();
+        Self::found(&FOUND, &ANTHROPIC).await
     }
 
     /// As `with_openai`, for Google's `google-genai` package.
     pub(crate) async fn with_google_genai() -> Self {
-        static FOUND: tokio::sync::OnceCell<Option<PathBuf>> = tokio::sync::OnceCell::const_new();
-        let pythonpath = FOUND
-            .get_or_init(|| async { Self::find_or_install(&GOOGLE_GENAI).await.pythonpath })
+        static FOUND: Found = Found::const_new();
+        Self::found(&FOUND, &GOOGLE_GENAI).await
+    }
+
+    /// The SDK's python, found (or installed) once per test process.
+    async fn found(cell: &'static Found, sdk: &'static Sdk) -> Self {
+        let pythonpath = cell
+            .get_or_init(|| async { Self::find_or_install(sdk).await.pythonpath })
             .await
             .clone();
         Self { pythonpath }
