@@ -113,14 +113,15 @@ where
         let path = uri.path();
         let endpoint = endpoint_of(path);
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
-        // `/v1beta/` (refused by the pass-through until it has an upstream).
+        // `/v1beta/` (relayed to a Gemini upstream by the pass-through).
         let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
         // A refusal is answered in the shape the route's clients parse.
         let shape = ErrorShape::for_path(path);
         // The deduplicated endpoints' `POST`s go to their handler from here,
         // past the router and its boxing, with the body admission read. One
-        // that carries a Gemini key goes to the pass-through, which refuses
-        // it: a Gemini key is never sent to another provider.
+        // that carries a Gemini key goes to the pass-through, which sends it
+        // to a Gemini upstream or nowhere: a Gemini key never reaches another
+        // provider.
         let direct = endpoint.filter(|_| {
             method == Method::POST
                 && !passthrough::gemini::is_native(path, request.headers(), uri.query())
