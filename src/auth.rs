@@ -174,6 +174,74 @@ impl Auth {
     }
 }
 
+/// A query's `&`-separated pairs, each with its value decoded when it is
+/// Gemini's `key` parameter (its name percent-decoded, as Google reads it).
+/// The one reader of `key`: recognizing, authenticating and relaying a
+/// Gemini request all see the same key.
+fn key_params(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let is_key = percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key";
+            let key = is_key.then(|| {
+                percent_encoding::percent_decode_str(&value.replace('+', " "))
+                    .decode_utf8_lossy()
+                    .into_owned()
+            });
+            (pair, key)
+        })
+}
+
+/// The Gemini key in a query's `key` parameter, percent-decoded (its first,
+/// when there are several; `caller_key` refuses two different ones).
+pub fn query_key(query: Option<&str>) -> Option<String> {
+    key_params(query?).find_map(|(_, key)| key)
+}
+
+/// The caller's Gemini key (`x-goog-api-key`, else `?key=`), and the query
+/// without it: the key goes upstream in its header only, never in the URL.
+/// Two different keys in one request are refused: whose would it be?
+pub fn gemini_key(
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<(Option<HeaderValue>, Option<String>), GatewayError> {
+    let mut from_query = None;
+    let mut kept = Vec::new();
+    for (pair, key) in key_params(query.unwrap_or_default()) {
+        match key {
+            Some(value) => {
+                if from_query.as_ref().is_some_and(|seen| *seen != value) {
+                    return Err(two_keys());
+                }
+                from_query = Some(value);
+            }
+            None => kept.push(pair),
+        }
+    }
+    let from_header = headers.get(&GEMINI_KEY_HEADER).cloned();
+    let key = match (from_header, from_query) {
+        (Some(header), Some(query)) if header.as_bytes() != query.as_bytes() => {
+            return Err(two_keys());
+        }
+        (Some(header), _) => Some(header),
+        (None, Some(query)) => Some(
+            HeaderValue::from_str(&query)
+                .map_err(|_| GatewayError::invalid("the `key` parameter is not a valid key"))?,
+        ),
+        (None, None) => None,
+    };
+    let query = (!kept.is_empty()).then(|| kept.join("&"));
+    Ok((key, query))
+}
+
+fn two_keys() -> GatewayError {
+    GatewayError::invalid(
+        "the request carries two different Gemini keys (`x-goog-api-key` and `key`); send one",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,16 +27,20 @@ pub enum Endpoint {
     Responses,
     /// Anthropic Messages (`POST /v1/messages`).
     Messages,
+    /// Gemini's `generateContent` and `streamGenerateContent` (one key for
+    /// both: the method only delivers), below the model the path names.
+    GenerateContent,
 }
 
 impl Endpoint {
     /// Every deduplicated endpoint.
-    pub const ALL: [Endpoint; 5] = [
+    pub const ALL: [Endpoint; 6] = [
         Self::ChatCompletions,
         Self::Completions,
         Self::Embeddings,
         Self::Responses,
         Self::Messages,
+        Self::GenerateContent,
     ];
 
     /// Path below the upstream's base URL (which ends in `/v1`).
@@ -47,6 +51,8 @@ impl Endpoint {
             Self::Embeddings => "/embeddings",
             Self::Responses => "/responses",
             Self::Messages => "/messages",
+            // Per request (`Wire::upstream_path`): `/models/{model}:{method}`.
+            Self::GenerateContent => "/models",
         }
     }
 
@@ -58,6 +64,7 @@ impl Endpoint {
             Self::Embeddings => "embeddings",
             Self::Responses => "responses",
             Self::Messages => "messages",
+            Self::GenerateContent => "gemini",
         }
     }
 }
@@ -89,6 +96,9 @@ pub struct BodyKeying {
     pub item_labels: &'static [(&'static str, &'static str)],
     /// The field whose items' text content is trimmed and unified.
     pub messages: Option<&'static str>,
+    /// The member of a `messages` item that holds its text content (a
+    /// string, or parts whose `text` is normalized): `content`, Gemini's `parts`.
+    pub content: &'static str,
     /// Of a `messages` item, whether it carries its content inline, so that
     /// its `id` only names it (a Responses `input` item; never an
     /// `item_reference`, whose id is its content). `None`: ids are keyed.
@@ -111,6 +121,7 @@ impl BodyKeying {
         ],
         item_labels: &[],
         messages: Some("messages"),
+        content: "content",
         inline_item: None,
     };
 
@@ -615,7 +626,7 @@ fn write_messages(
                     return false;
                 }
                 write_entry(out, name, |out| match value {
-                    _ if name != "content" => write_canonical(out, value),
+                    _ if name != keying.content => write_canonical(out, value),
                     Value::String(text) => write_text(out, text, normalization),
                     Value::Array(parts) => write_array(out, parts, |out, part| {
                         write_content_part(out, part, normalization)

@@ -19,7 +19,7 @@ use crate::{
     tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
-    wire::{self, Echo, Wire},
+    wire::{self, Echo, GeminiCall, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -228,24 +228,59 @@ impl DedupRequest {
         upstream_keys: &[String],
         rules: impl Into<RequestRules<'a>>,
     ) -> Result<Self, GatewayError> {
+        Self::parse_named(
+            endpoint,
+            None,
+            headers,
+            query,
+            raw_body,
+            routes,
+            upstream_keys,
+            rules,
+        )
+    }
+
+    /// As [`parse`](Self::parse), for a request whose path names its model
+    /// and delivery (`call`, Gemini's): the model is taken from there and
+    /// keyed with the path's API version, and the caller's Gemini key (its
+    /// `x-goog-api-key`, or a `key` query parameter, which leaves the query)
+    /// is its credential, sent upstream only as `x-goog-api-key`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn parse_named<'a>(
+        endpoint: Endpoint,
+        call: Option<&GeminiCall>,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        raw_body: Bytes,
+        routes: &Routes,
+        upstream_keys: &[String],
+        rules: impl Into<RequestRules<'a>>,
+    ) -> Result<Self, GatewayError> {
         let rules = rules.into();
         let cache = rules.cache;
         let wire = wire::of(endpoint);
+        if wire.api() == Api::Gemini && routes.first_of(Api::Gemini).is_none() {
+            // Said before anything is parsed: nothing here can be sent anywhere.
+            return Err(GatewayError::NoGeminiUpstream {
+                path: call.map_or_else(String::new, GeminiCall::path),
+            });
+        }
         let body = validate::parse_json(&raw_body, rules.limits)?;
         let Value::Object(body) = body else {
             return Err(GatewayError::invalid(
                 "the request body must be a JSON object",
             ));
         };
-        let model = match body.get("model") {
-            Some(Value::String(model)) if !model.is_empty() => model.clone(),
-            Some(_) => {
+        let model = match (call, body.get("model")) {
+            (Some(call), _) => call.model.clone(),
+            (None, Some(Value::String(model))) if !model.is_empty() => model.clone(),
+            (None, Some(_)) => {
                 return Err(GatewayError::invalid_param(
                     "model",
                     "`model` must be a string",
                 ));
             }
-            None => {
+            (None, None) => {
                 return Err(GatewayError::invalid_param(
                     "model",
                     "you must provide a model parameter",
@@ -259,11 +294,23 @@ impl DedupRequest {
                     model: model.clone(),
                 })?;
         wire.check(&body, rules.limits)?;
-        let stream = wire.is_stream(&body);
+        let stream = call.map_or_else(|| wire.is_stream(&body), |call| call.stream);
 
-        // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever header.
-        let authorization = auth::forwarded_credential(headers);
-        let credential = auth::credential(headers);
+        // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever
+        // header. A Gemini request's key (`x-goog-api-key` or `?key=`) goes
+        // upstream as itself, and the query keeps no key.
+        let (authorization, gemini_key, query) = if wire.api() == Api::Gemini {
+            let (key, rest) = auth::gemini_key(headers, query)?;
+            (key.clone(), key, rest)
+        } else {
+            (
+                auth::forwarded_credential(headers),
+                None,
+                query.map(str::to_owned),
+            )
+        };
+        let credential =
+            auth::credential(headers).or(gemini_key.as_ref().map(HeaderValue::as_bytes));
         let scope = match cache.scope {
             CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
             CacheScope::Global => TenantScope::global(),
@@ -311,7 +358,24 @@ impl DedupRequest {
                 forward_headers.push((name, value.clone()));
             }
         }
-        let query_pairs = sorted_query_pairs(query);
+        // A stream's framing (Gemini's `alt`) is delivery: neither keyed nor
+        // sent with a shared call (a streamed call asks for its own framing).
+        let delivery = wire.delivery_query();
+        let query = query.map(|query| {
+            query
+                .split('&')
+                .filter(|pair| {
+                    let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
+                    !pair.is_empty() && !delivery.contains(&name)
+                })
+                .collect::<Vec<_>>()
+                .join("&")
+        });
+        let mut query_pairs = sorted_query_pairs(query.as_deref());
+        if let Some(call) = call {
+            // The path's version is keyed beside the query (`:` starts no parameter).
+            query_pairs.insert(0, (":version".to_owned(), call.version.to_owned()));
+        }
 
         let normalization = Normalization {
             case_fold: cache.case_fold,
@@ -362,7 +426,7 @@ impl DedupRequest {
             fingerprint,
             authorization,
             forward_headers,
-            query: query.filter(|q| !q.is_empty()).map(str::to_owned),
+            query: query.filter(|q| !q.is_empty()),
             policy,
             deterministic,
             body,

@@ -66,6 +66,7 @@ pub fn operation_name(endpoint: Endpoint) -> &'static str {
         Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => "chat",
         Endpoint::Completions => "text_completion",
         Endpoint::Embeddings => "embeddings",
+        Endpoint::GenerateContent => "generate_content",
     }
 }
 

@@ -132,6 +132,30 @@ impl Usage {
     }
 }
 
+impl Usage {
+    /// Gemini's `usageMetadata` (a response's, or a stream chunk's running
+    /// total): `promptTokenCount` holds the cached part
+    /// (`cachedContentTokenCount`); tool-use prompt tokens are input on top of
+    /// it; thinking (`thoughtsTokenCount`) is output on top of
+    /// `candidatesTokenCount`, billed at the output price as reasoning.
+    /// `None` without a prompt count. Counts that are not whole numbers in
+    /// `u64` read as absent, and sums saturate.
+    pub fn from_usage_metadata(metadata: &serde_json::Value) -> Option<Self> {
+        let count = |name: &str| metadata.get(name).and_then(serde_json::Value::as_u64);
+        let prompt = count("promptTokenCount")?;
+        let thoughts = count("thoughtsTokenCount").unwrap_or(0);
+        Some(Self {
+            prompt_tokens: prompt.saturating_add(count("toolUsePromptTokenCount").unwrap_or(0)),
+            completion_tokens: count("candidatesTokenCount")
+                .unwrap_or(0)
+                .saturating_add(thoughts),
+            cached_tokens: count("cachedContentTokenCount").unwrap_or(0),
+            cache_write_tokens: 0,
+            reasoning_tokens: thoughts,
+        })
+    }
+}
+
 /// Every count any supported shape may carry; absent and `null` read as absent.
 #[derive(Deserialize)]
 struct Raw {

@@ -50,6 +50,7 @@ use crate::{
     telemetry::{self, AccessLine},
     tenant::TenantScope,
     traces,
+    wire::GeminiCall,
 };
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
@@ -111,7 +112,17 @@ where
         // The URI is shared bytes: keeping it for the access line copies nothing.
         let uri = request.uri().clone();
         let path = uri.path();
-        let endpoint = endpoint_of(path);
+        // Gemini's generateContent names its model and method in the path.
+        // A stream framed as a JSON array (no `alt=sse`) is relayed as it
+        // came: the shared log holds events.
+        let gemini_call = (method == Method::POST)
+            .then(|| GeminiCall::of_path(path))
+            .flatten()
+            .filter(|call| !call.stream || asks_for_events(uri.query()));
+        let endpoint = match gemini_call {
+            Some(_) => Some(Endpoint::GenerateContent),
+            None => endpoint_of(path),
+        };
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
         // `/v1beta/` (relayed to a Gemini upstream by the pass-through).
         let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
@@ -124,7 +135,8 @@ where
         // provider.
         let direct = endpoint.filter(|_| {
             method == Method::POST
-                && !passthrough::gemini::is_native(path, request.headers(), uri.query())
+                && (gemini_call.is_some()
+                    || !passthrough::gemini::is_native(path, request.headers(), uri.query()))
         });
         // Every other request runs in its `request` span; a deduplicated one
         // makes its span only when it does more than read the cache
@@ -171,7 +183,14 @@ where
                                 let query = parts.uri.query().map(str::to_owned);
                                 let Answered { response, decided } = app
                                     .dedup()
-                                    .serve(endpoint, caller, headers, query, body)
+                                    .serve_named(
+                                        endpoint,
+                                        gemini_call,
+                                        caller,
+                                        headers,
+                                        query,
+                                        body,
+                                    )
                                     .await;
                                 (response, decided)
                             }
@@ -317,10 +336,22 @@ fn fresh_request_id() -> HeaderValue {
     HeaderValue::from_bytes(&text).expect("hex is a valid header value")
 }
 
+/// The deduplicated endpoint a `/v1/` path is, by its path alone (Gemini's,
+/// whose path names a model, is read by `GeminiCall::of_path`).
 fn endpoint_of(path: &str) -> Option<Endpoint> {
     Endpoint::ALL
         .into_iter()
+        .filter(|endpoint| *endpoint != Endpoint::GenerateContent)
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
+}
+
+/// Whether a Gemini stream asks for server-sent events (`alt=sse`), not a
+/// JSON array.
+fn asks_for_events(query: Option<&str>) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair == "alt=sse")
 }
 
 /// A request past admission: its head, its whole body, its places among the
@@ -346,7 +377,7 @@ where
         .uri()
         .query()
         .filter(|_| crate::auth::credential(request.headers()).is_none())
-        .and_then(|query| passthrough::gemini::query_key(Some(query)));
+        .and_then(|query| crate::auth::query_key(Some(query)));
     let tenant = match in_query {
         Some(key) => app.auth().authenticate_credential(Some(key.as_bytes()))?,
         None => app.auth().authenticate(request.headers())?,

@@ -30,7 +30,12 @@ pub(super) async fn serve(
     } else {
         dedup.may_call_upstream(bill).await?;
         let buffered = dedup.upstream.call_buffered(outbound, &bill.model).await?;
-        let shared = shared_response(buffered.status, &buffered.headers, buffered.body);
+        let shared = shared_response(
+            request.wire,
+            buffered.status,
+            &buffered.headers,
+            buffered.body,
+        );
         dedup.billed(bill, shared.usage);
         if dedup.traced {
             crate::traces::record_answer(shared.usage, &shared.body);

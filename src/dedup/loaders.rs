@@ -233,7 +233,7 @@ pub(super) async fn call_upstream(
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
-    let response = shared_response(buffered.status, &buffered.headers, buffered.body);
+    let response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
     dedup.billed(bill, response.usage);
     Ok(Loaded {
         response,

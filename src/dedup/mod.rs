@@ -21,7 +21,7 @@ mod respond;
 mod service;
 mod stream;
 
-use std::{borrow::Cow, sync::Arc};
+use std::sync::Arc;
 
 use axum::{
     http::{HeaderMap, HeaderValue, Method},
@@ -41,7 +41,7 @@ use crate::{
     retry_window::Retained,
     tenant::TenantScope,
     upstream::Outbound,
-    wire,
+    wire::{self, GeminiCall},
 };
 
 pub use embeddings::ITEMS_HEADER;
@@ -140,9 +140,29 @@ impl Dedup {
         query: Option<String>,
         body: Bytes,
     ) -> Answered {
-        let seen = RequestBytes::of(endpoint, &caller.tenant, &headers, query.as_deref(), &body);
+        self.serve_named(endpoint, None, caller, headers, query, body)
+            .await
+    }
+
+    /// As [`serve`](Self::serve), for a request whose path names its model
+    /// and delivery (`call`, Gemini's). Such a request is not remembered in
+    /// the memo, whose key holds no path.
+    pub async fn serve_named(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        call: Option<GeminiCall>,
+        caller: Caller,
+        headers: HeaderMap,
+        query: Option<String>,
+        body: Bytes,
+    ) -> Answered {
+        let seen = match call {
+            None => RequestBytes::of(endpoint, &caller.tenant, &headers, query.as_deref(), &body),
+            Some(_) => None,
+        };
         let raw = RawRequest {
             endpoint,
+            call,
             headers,
             query,
             body,
@@ -263,6 +283,8 @@ impl Dedup {
 #[derive(Debug)]
 struct RawRequest {
     endpoint: Endpoint,
+    /// What the path names (Gemini's model and method).
+    call: Option<GeminiCall>,
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
@@ -270,8 +292,9 @@ struct RawRequest {
 
 impl RawRequest {
     fn parse(&self, dedup: &Dedup) -> Result<DedupRequest, GatewayError> {
-        DedupRequest::parse(
+        DedupRequest::parse_named(
             self.endpoint,
+            self.call.as_ref(),
             &self.headers,
             self.query.as_deref(),
             self.body.clone(),
@@ -285,11 +308,21 @@ impl RawRequest {
 /// What goes upstream, moved out of the request, not copied: nothing reads it
 /// again, and a cache hit should not pay for the copies.
 fn outbound_of(request: &mut DedupRequest) -> Outbound {
+    let wire = request.wire;
+    let mut query = request.query.take();
+    if request.stream
+        && let Some(framing) = wire.stream_query()
+    {
+        query = Some(match query {
+            Some(query) => format!("{query}&{framing}"),
+            None => framing.to_owned(),
+        });
+    }
     Outbound {
         upstream: request.upstream,
         method: Method::POST,
-        path: Cow::Borrowed(request.endpoint.path()),
-        query: request.query.take(),
+        path: wire.upstream_path(request.endpoint, &request.model, request.stream),
+        query,
         headers: std::mem::take(&mut request.forward_headers),
         authorization: request.authorization.take(),
         body: request.raw_body.clone(),

@@ -21,7 +21,6 @@ use crate::{
     memo::Derived,
     metrics::Attribution,
     request::DedupRequest,
-    usage::Usage,
     wire::{Echo, Wire},
 };
 
@@ -42,7 +41,10 @@ pub const REQUEST_ID_HEADER_NAME: HeaderName = HeaderName::from_static(REQUEST_I
 /// RFC 9211.
 const CACHE_STATUS_HEADER_NAME: HeaderName = HeaderName::from_static("cache-status");
 
+/// An upstream answer as every caller of it shares it: the status, the
+/// shared headers copied, the body, and the usage its API's adapter reads.
 pub(super) fn shared_response(
+    wire: &dyn Wire,
     status: StatusCode,
     headers: &HeaderMap,
     body: Bytes,
@@ -61,7 +63,7 @@ pub(super) fn shared_response(
     StoredResponse {
         status,
         headers,
-        usage: Usage::from_body(&body),
+        usage: wire.usage(&body),
         body,
     }
 }
@@ -289,7 +291,7 @@ mod tests {
             HeaderValue::from_static("9"),
         );
         headers.insert("openai-organization", HeaderValue::from_static("org-x"));
-        let shared = shared_response(StatusCode::OK, &headers, Bytes::new());
+        let shared = shared_response(&crate::wire::CHAT, StatusCode::OK, &headers, Bytes::new());
         let names: Vec<&str> = shared.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type"]);
     }

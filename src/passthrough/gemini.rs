@@ -13,13 +13,18 @@
 //! it came, streams included.)
 
 use axum::{
-    http::{HeaderMap, HeaderValue, Method},
+    http::{HeaderMap, Method},
     response::Response,
 };
 use bytes::Bytes;
 
 use super::{Passthrough, ProxyPath, relay::forwarded_headers};
-use crate::{auth::GEMINI_KEY_HEADER, config::Api, error::GatewayError, upstream::Outbound};
+use crate::{
+    auth::{self, GEMINI_KEY_HEADER},
+    config::Api,
+    error::GatewayError,
+    upstream::Outbound,
+};
 
 impl Passthrough<'_> {
     /// Relays a request [`is_native`] recognized to a Gemini upstream.
@@ -54,7 +59,7 @@ impl Passthrough<'_> {
             };
         self.policy
             .check(&method, fenced.decoded(), self.shares_a_key(upstream))?;
-        let (key, query) = caller_key(headers, query)?;
+        let (key, query) = auth::gemini_key(headers, query)?;
         let outbound = Outbound {
             upstream,
             method,
@@ -68,79 +73,11 @@ impl Passthrough<'_> {
     }
 }
 
-/// A query's `&`-separated pairs, each with its value decoded when it is
-/// Gemini's `key` parameter (its name percent-decoded, as Google reads it).
-/// The one reader of `key`: recognizing, authenticating and relaying a
-/// Gemini request all see the same key.
-fn key_params(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let is_key = percent_encoding::percent_decode_str(name).decode_utf8_lossy() == "key";
-            let key = is_key.then(|| {
-                percent_encoding::percent_decode_str(&value.replace('+', " "))
-                    .decode_utf8_lossy()
-                    .into_owned()
-            });
-            (pair, key)
-        })
-}
-
-/// The Gemini key in a query's `key` parameter, percent-decoded (its first,
-/// when there are several; `caller_key` refuses two different ones).
-pub fn query_key(query: Option<&str>) -> Option<String> {
-    key_params(query?).find_map(|(_, key)| key)
-}
-
 /// The model a Gemini path names: `/models/{model}` or `/models/{model}:{method}`.
 fn model_of(below: &str) -> Option<&str> {
     let rest = below.strip_prefix("/models/")?;
     let model = rest.split(['/', ':']).next()?;
     (!model.is_empty()).then_some(model)
-}
-
-/// The caller's Gemini key (`x-goog-api-key`, else `?key=`), and the query
-/// without it: the key goes upstream in its header only, never in the URL.
-/// Two different keys in one request are refused: whose would it be?
-fn caller_key(
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<(Option<HeaderValue>, Option<String>), GatewayError> {
-    let mut from_query = None;
-    let mut kept = Vec::new();
-    for (pair, key) in key_params(query.unwrap_or_default()) {
-        match key {
-            Some(value) => {
-                if from_query.as_ref().is_some_and(|seen| *seen != value) {
-                    return Err(two_keys());
-                }
-                from_query = Some(value);
-            }
-            None => kept.push(pair),
-        }
-    }
-    let from_header = headers.get(&GEMINI_KEY_HEADER).cloned();
-    let key = match (from_header, from_query) {
-        (Some(header), Some(query)) if header.as_bytes() != query.as_bytes() => {
-            return Err(two_keys());
-        }
-        (Some(header), _) => Some(header),
-        (None, Some(query)) => Some(
-            HeaderValue::from_str(&query)
-                .map_err(|_| GatewayError::invalid("the `key` parameter is not a valid key"))?,
-        ),
-        (None, None) => None,
-    };
-    let query = (!kept.is_empty()).then(|| kept.join("&"));
-    Ok((key, query))
-}
-
-fn two_keys() -> GatewayError {
-    GatewayError::invalid(
-        "the request carries two different Gemini keys (`x-goog-api-key` and `key`); send one",
-    )
 }
 
 /// Gemini's model methods (`models/{model}:{method}`). OpenAI model ids have
@@ -168,33 +105,38 @@ pub fn is_native(path: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
         .strip_prefix("/v1/models/")
         .and_then(|rest| rest.rsplit_once(':'))
         .is_some_and(|(_, method)| MODEL_METHODS.contains(&method));
-    let credential = headers.contains_key(&GEMINI_KEY_HEADER) || query_key(query).is_some();
+    let credential = headers.contains_key(&GEMINI_KEY_HEADER) || auth::query_key(query).is_some();
     versioned || model_method || credential
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     #[test]
     fn the_key_leaves_the_query_and_two_different_keys_are_refused() {
         let none = HeaderMap::new();
-        let (key, query) = caller_key(&none, Some("alt=sse&key=AIza%2Dx&pageSize=2")).unwrap();
+        let (key, query) =
+            auth::gemini_key(&none, Some("alt=sse&key=AIza%2Dx&pageSize=2")).unwrap();
         assert_eq!(key.unwrap(), "AIza-x");
         assert_eq!(query.as_deref(), Some("alt=sse&pageSize=2"));
-        let (key, query) = caller_key(&none, Some("key=AIza-x")).unwrap();
+        let (key, query) = auth::gemini_key(&none, Some("key=AIza-x")).unwrap();
         assert_eq!(key.unwrap(), "AIza-x");
         assert_eq!(query, None);
         let mut keyed = HeaderMap::new();
         keyed.insert(GEMINI_KEY_HEADER, HeaderValue::from_static("AIza-x"));
         assert_eq!(
-            caller_key(&keyed, Some("key=AIza-x")).unwrap().0.unwrap(),
+            auth::gemini_key(&keyed, Some("key=AIza-x"))
+                .unwrap()
+                .0
+                .unwrap(),
             "AIza-x",
             "the same key in both places is one key"
         );
-        assert!(caller_key(&keyed, Some("key=AIza-y")).is_err());
-        assert!(caller_key(&none, Some("key=AIza-x&key=AIza-y")).is_err());
-        assert_eq!(caller_key(&none, None).unwrap(), (None, None));
+        assert!(auth::gemini_key(&keyed, Some("key=AIza-y")).is_err());
+        assert!(auth::gemini_key(&none, Some("key=AIza-x&key=AIza-y")).is_err());
+        assert_eq!(auth::gemini_key(&none, None).unwrap(), (None, None));
         assert_eq!(
             model_of("/models/gemini-2.5-flash:generateContent"),
             Some("gemini-2.5-flash")

@@ -63,6 +63,7 @@ static KEYING: BodyKeying = BodyKeying {
     // AI SDK sets it on streaming requests only), not what the call is.
     item_labels: &[("tools", "eager_input_streaming")],
     messages: Some("messages"),
+    content: "content",
     inline_item: None,
 };
 

@@ -5,7 +5,10 @@
 //! - `chat.rs`: OpenAI Chat Completions, Completions (and Embeddings, whose
 //!   requests leave for `embeddings/` before any stream or completeness rule);
 //! - `responses.rs`: OpenAI Responses (`POST /v1/responses`);
-//! - `anthropic.rs`: Anthropic Messages (`POST /v1/messages`).
+//! - `anthropic.rs`: Anthropic Messages (`POST /v1/messages`);
+//! - `gemini.rs`: Gemini's `generateContent` and `streamGenerateContent`
+//!   (`POST /v1beta/models/{model}:{method}`), whose path names the model
+//!   and the delivery.
 //!
 //! Adding an API is one more adapter: a file here implementing [`Wire`] (and
 //! [`StreamFormat`](crate::sse::StreamFormat) for its events), an
@@ -14,7 +17,10 @@
 mod anthropic;
 pub mod chat;
 mod echo;
+pub mod gemini;
 mod responses;
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -31,6 +37,7 @@ use crate::{
 pub use anthropic::{MESSAGES, MESSAGES_STREAM};
 pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
 pub use echo::{Echo, EchoedField};
+pub use gemini::{GEMINI, GEMINI_STREAM, GeminiCall};
 pub use responses::{RESPONSES, RESPONSES_STREAM};
 
 /// The adapter of `endpoint`'s wire format.
@@ -41,6 +48,7 @@ pub fn of(endpoint: Endpoint) -> &'static dyn Wire {
         Endpoint::Embeddings => &EMBEDDINGS,
         Endpoint::Responses => &RESPONSES,
         Endpoint::Messages => &MESSAGES,
+        Endpoint::GenerateContent => &GEMINI,
     }
 }
 
@@ -84,9 +92,29 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
-    /// Whether the caller asked for a stream.
+    /// Whether the caller asked for a stream, when the body says (a format
+    /// whose path says, Gemini's, answers `false`: the path's word is taken).
     fn is_stream(&self, body: &Map<String, Value>) -> bool {
         matches!(body.get("stream"), Some(Value::Bool(true)))
+    }
+
+    /// Query parameters that only deliver the answer (Gemini's `alt`, a
+    /// stream's framing): never keyed, and not sent with a shared call.
+    fn delivery_query(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The path below the upstream's base URL a call of `model` goes to,
+    /// streamed or not: the endpoint's own, unless the format's path names
+    /// the model and the method (Gemini's).
+    fn upstream_path(&self, endpoint: Endpoint, _model: &str, _stream: bool) -> Cow<'static, str> {
+        Cow::Borrowed(endpoint.path())
+    }
+
+    /// The query a streamed upstream call adds (Gemini's `alt=sse`: events,
+    /// not a JSON array).
+    fn stream_query(&self) -> Option<&'static str> {
+        None
     }
 
     /// The API's stream events: completing, failing and error events.

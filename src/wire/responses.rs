@@ -70,6 +70,7 @@ static KEYING: BodyKeying = BodyKeying {
     ],
     item_labels: &[],
     messages: Some("input"),
+    content: "content",
     inline_item: Some(carries_content_inline),
 };
 

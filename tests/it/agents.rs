@@ -11,9 +11,9 @@
 //! task differed. Concurrent runs are made to meet in corral by holding the mock until every
 //! run's request waits on a flight, never by timing.
 
-mod install;
-mod run;
-mod tap;
+pub(crate) mod install;
+pub(crate) mod run;
+pub(crate) mod tap;
 
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 

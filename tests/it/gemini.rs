@@ -337,3 +337,254 @@ async fn a_gateway_key_in_googles_places_is_the_callers_key() {
     assert_eq!(keys, ["AIza-corrals-own", "AIza-corrals-own"]);
     assert!(!leaked);
 }
+
+/// `google-genai` callers of one request share one upstream call, as the
+/// other APIs' callers do: 100 concurrent `generate_content` calls at
+/// temperature 0, then a `HIT`; 100 concurrent `generate_content_stream`
+/// calls (one upstream stream, the same text for all), then the same prompt
+/// non-streamed from the cache; stream and non-stream callers of a new
+/// prompt together; and a cut stream, which reaches every caller as the
+/// SDK's own error and leaves nothing cached. Each herd is held at the
+/// provider until every caller waits on the flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn googles_sdk_callers_of_one_request_share_one_call() {
+    let _sdk = Python::with_google_genai().await;
+    let gateway = TestGateway::start(with_gemini).await;
+    let url = gateway.url.clone();
+    let phase = |phase: &'static str| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            Python::with_google_genai()
+                .await
+                .run_script_with("gemini_herd.py", &url, &[phase])
+                .await
+        })
+    };
+    let checked = |(results, stderr): (Value, String)| {
+        let context = format!("results: {results}\nstderr: {stderr}");
+        assert_eq!(results["failures"], json!([]), "{context}");
+        (results, context)
+    };
+    let gemini_calls = |gateway: &TestGateway| {
+        gateway
+            .provider
+            .received()
+            .iter()
+            .filter(|line| {
+                line.contains(":generateContent") || line.contains(":streamGenerateContent")
+            })
+            .count()
+    };
+
+    let (results, context) = checked(gateway.held_for_waiters(100, || phase("herd")).await);
+    assert_eq!(results["herd_texts"], 1, "{context}");
+    assert_eq!(results["herd_misses"], 1, "{context}");
+    assert_eq!(
+        results["herd_statuses"],
+        json!(["COALESCED", "MISS"]),
+        "{context}"
+    );
+    assert_eq!(results["repeat_cache"], "HIT", "{context}");
+    assert_eq!(gemini_calls(&gateway), 1, "{context}");
+
+    let (results, context) = checked(gateway.held_for_waiters(100, || phase("stream")).await);
+    assert_eq!(results["stream_texts"], 1, "{context}");
+    assert_eq!(results["stream_misses"], 1, "{context}");
+    assert_eq!(results["stream_errors"], json!([]), "{context}");
+    assert_eq!(
+        results["stream_finish"],
+        json!(["FinishReason.STOP"]),
+        "{context}"
+    );
+    assert_eq!(results["after_stream_cache"], "HIT", "{context}");
+    assert_eq!(gemini_calls(&gateway), 2, "{context}");
+    assert!(
+        gateway.provider.received().contains(
+            &"POST /v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse".to_owned()
+        ),
+        "{:?}",
+        gateway.provider.received()
+    );
+
+    let (results, context) = checked(gateway.held_for_waiters(100, || phase("mixed")).await);
+    assert_eq!(results["mixed_texts"], 1, "{context}");
+    assert_eq!(gemini_calls(&gateway), 3, "{context}");
+
+    gateway.provider.set_truncate_streams(true);
+    let (results, context) = checked(gateway.held_for_waiters(100, || phase("cut")).await);
+    assert_eq!(
+        results["cut_errors"],
+        json!(["ServerError:500"]),
+        "{context}"
+    );
+    assert_eq!(gemini_calls(&gateway), 4, "{context}");
+    gateway.wait_idle().await;
+    gateway.provider.set_truncate_streams(false);
+    let again = gateway
+        .post_with(
+            "/v1beta/models/gemini-2.5-flash:generateContent",
+            &json!({"contents": [{"role": "user", "parts": [{"text": "A stream that breaks."}]}],
+                    "generationConfig": {"temperature": 0}}),
+            &[("x-goog-api-key", KEY)],
+        )
+        .await;
+    assert_eq!(
+        again.cache(),
+        "MISS",
+        "nothing of the cut stream was cached"
+    );
+    assert_eq!(gemini_calls(&gateway), 5);
+}
+
+/// Picodollars per token of a snapshot price (USD per million tokens).
+fn picos(usd_per_million: f64) -> u128 {
+    (usd_per_million * 1e6).round() as u128
+}
+
+const GENERATE: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
+const STREAM: &str = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
+
+/// A deterministic generateContent body.
+fn prompt(text: &str) -> Value {
+    json!({"contents": [{"role": "user", "parts": [{"text": text}]}],
+           "generationConfig": {"temperature": 0}})
+}
+
+/// `usageMetadata` billed kind by kind at the snapshot's prices: the cached
+/// part of `promptTokenCount` at the cached-input price, thinking as
+/// reasoning at the output price; nine HITs save nine times that. A
+/// stream's chunks carry running totals: its last `usageMetadata` is its
+/// usage, counted once.
+#[tokio::test]
+async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
+    let gateway = TestGateway::start(with_gemini).await;
+    let model = "gemini-2.5-flash";
+    let price = corral::pricing::snapshot()
+        .models
+        .iter()
+        .find(|entry| entry.id == model)
+        .expect("the snapshot prices gemini-2.5-flash")
+        .clone();
+    let cached_price = price.cached_input.expect("Gemini prices cached input");
+    gateway.provider.push_script(mock_upstream::Scripted::json(
+        200,
+        json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": "42"}]},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 1000, "cachedContentTokenCount": 800,
+                              "candidatesTokenCount": 40, "thoughtsTokenCount": 60,
+                              "totalTokenCount": 1100},
+            "modelVersion": model, "responseId": "r-cost",
+        })
+        .to_string(),
+    ));
+    let body = prompt("what does a cached Gemini prompt cost?");
+    for i in 0..10 {
+        let reply = gateway
+            .post_with(GENERATE, &body, &[("x-goog-api-key", KEY)])
+            .await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        assert_eq!(reply.cache(), if i == 0 { "MISS" } else { "HIT" });
+    }
+    let one = 200 * picos(price.input) + 800 * picos(cached_price) + 100 * picos(price.output);
+    let m = crate::metrics::scrape(&gateway).await;
+    let usd = |picos: u128| picos as f64 / 1e12;
+    let cost = |source| {
+        crate::metrics::sum(
+            &m,
+            "corral_cost_usd_total",
+            &[("model", model), ("source", source)],
+        )
+    };
+    assert_eq!(cost("upstream"), usd(one));
+    assert_eq!(cost("saved"), usd(9 * one));
+    let tokens = |kind, source| {
+        crate::metrics::sum(
+            &m,
+            "corral_tokens_total",
+            &[("model", model), ("kind", kind), ("source", source)],
+        )
+    };
+    assert_eq!(tokens("input", "upstream"), 200.0);
+    assert_eq!(tokens("cached_input", "upstream"), 800.0);
+    assert_eq!(tokens("output", "upstream"), 40.0);
+    assert_eq!(tokens("reasoning", "upstream"), 60.0);
+    assert_eq!(tokens("reasoning", "saved"), 9.0 * 60.0);
+    assert_eq!(tokens("cached_input", "saved"), 9.0 * 800.0);
+
+    // A stream whose chunks report running totals: the last is the call's.
+    let chunk = |text: &str, finish: Option<&str>, usage: Value| {
+        let mut candidate =
+            json!({"content": {"role": "model", "parts": [{"text": text}]}, "index": 0});
+        if let Some(finish) = finish {
+            candidate["finishReason"] = json!(finish);
+        }
+        format!(
+            "data: {}\r\n\r\n",
+            json!({"candidates": [candidate], "usageMetadata": usage})
+        )
+    };
+    let sse = [
+        chunk(
+            "Hel",
+            None,
+            json!({"promptTokenCount": 50, "totalTokenCount": 50}),
+        ),
+        chunk(
+            "lo",
+            None,
+            json!({"promptTokenCount": 50, "candidatesTokenCount": 1, "totalTokenCount": 51}),
+        ),
+        chunk(
+            "!",
+            Some("STOP"),
+            json!({"promptTokenCount": 50, "candidatesTokenCount": 10,
+                                        "thoughtsTokenCount": 5, "totalTokenCount": 65}),
+        ),
+    ]
+    .concat();
+    gateway.provider.push_script(mock_upstream::Scripted {
+        status: 200,
+        headers: vec![("content-type".into(), "text/event-stream".into())],
+        body: sse,
+    });
+    let reply = gateway
+        .post_with(
+            STREAM,
+            &prompt("a streamed cost"),
+            &[("x-goog-api-key", KEY)],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let text = String::from_utf8_lossy(&reply.body);
+    assert!(text.contains("\"finishReason\":\"STOP\""), "{text}");
+    let m = crate::metrics::scrape(&gateway).await;
+    let streamed = |kind| {
+        crate::metrics::sum(
+            &m,
+            "corral_tokens_total",
+            &[("model", model), ("kind", kind), ("source", "upstream")],
+        )
+    };
+    assert_eq!(
+        streamed("input"),
+        200.0 + 50.0,
+        "counted once, not per chunk"
+    );
+    assert_eq!(streamed("output"), 40.0 + 10.0);
+    assert_eq!(streamed("reasoning"), 60.0 + 5.0);
+    // The stream's answer is cached: the same prompt non-streamed is a HIT
+    // assembled from its chunks.
+    let hit = gateway
+        .post_with(
+            GENERATE,
+            &prompt("a streamed cost"),
+            &[("x-goog-api-key", KEY)],
+        )
+        .await;
+    assert_eq!(hit.cache(), "HIT");
+    assert_eq!(
+        hit.json()["candidates"][0]["content"]["parts"],
+        json!([{"text": "Hello!"}])
+    );
+}

@@ -19,6 +19,8 @@ use serde_json::{Map, Value, json};
 fn delivery(endpoint: Endpoint) -> &'static [&'static str] {
     match endpoint {
         Endpoint::Messages => &["stream"],
+        // The method says whether a call streams; the body has no delivery field.
+        Endpoint::GenerateContent => &[],
         _ => &["stream", "stream_options"],
     }
 }
@@ -41,6 +43,7 @@ fn labels(endpoint: Endpoint) -> &'static [&'static str] {
             "client_metadata",
         ],
         Endpoint::Messages => &["metadata"],
+        Endpoint::GenerateContent => &[],
     }
 }
 
@@ -103,6 +106,7 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
 fn conversation(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::Responses => "input",
+        Endpoint::GenerateContent => "contents",
         _ => "messages",
     }
 }

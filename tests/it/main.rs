@@ -24,6 +24,7 @@ mod edges;
 mod embeddings;
 mod fuzz_corpora;
 mod gemini;
+mod gemini_cli;
 mod label_fields;
 mod logs;
 mod long_calls;

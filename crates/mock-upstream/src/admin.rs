@@ -198,8 +198,8 @@ struct PaddingBody {
     bytes: usize,
 }
 
-/// `POST /__mock/stream_padding` with `{bytes}`: pad streamed chat answers to at least that many
-/// body bytes (0: no padding).
+/// `POST /__mock/stream_padding` with `{bytes}`: pad streamed chat and Gemini answers to at least
+/// that many body bytes (0: no padding).
 async fn stream_padding(
     State(shared): State<Arc<Shared>>,
     body: Bytes,

@@ -133,6 +133,7 @@ pub(super) fn messages(
     events.push(sse(&json!({"type": "message_stop"})));
     Ok(Answer::Stream(SseEvents {
         events,
+        content_type: SseEvents::EVENT_STREAM,
         first_content,
         padding: None,
     }))

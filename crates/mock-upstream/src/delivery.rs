@@ -8,7 +8,7 @@
 //! until [`MockProvider::streams_at_end`](super::MockProvider::streams_at_end) counts every
 //! stream (an event to wait for, not a guess at how long sending takes), measures, and releases
 //! them. A padded stream is still the provider's wire format: the padding is more content chunks
-//! of the same choice, one word each, as a model sends its tokens.
+//! of the same choice (chat) or candidate (Gemini), one word each, as a model sends its tokens.
 
 use std::io;
 use std::sync::Arc;
@@ -142,11 +142,13 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// The SSE response of `events`, delivered as `delivery` says; its final event waits while
-/// stream ends are held.
+/// The streamed response of `events` (SSE, or Gemini's streamed JSON array: the same knobs
+/// apply to both), delivered as `delivery` says; its final event waits while stream ends are
+/// held.
 pub(super) fn sse_response(shared: Arc<Shared>, events: SseEvents, delivery: Delivery) -> Response {
     let SseEvents {
         mut events,
+        content_type,
         first_content,
         padding,
     } = events;
@@ -202,7 +204,7 @@ pub(super) fn sse_response(shared: Arc<Shared>, events: SseEvents, delivery: Del
     };
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
 }

@@ -37,7 +37,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/images/generations", post(image_generations))
         .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+        .route("/v1/models/{id}", get(model).post(gemini_v1_call))
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1beta/models", get(gemini_models))
@@ -123,6 +123,16 @@ async fn count_tokens(State(shared): State<Arc<Shared>>, request: Request) -> Re
 
 async fn gemini_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::Gemini, request).await
+}
+
+/// `POST /v1/models/{target}`: Gemini's `models/{model}:{method}` as the 3.x SDKs send it; any
+/// other POST there is no route of either API (`GET` stays OpenAI's model lookup).
+async fn gemini_v1_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    if gemini::is_method_path(request.uri().path()) {
+        billable(&shared, Endpoint::Gemini, request).await
+    } else {
+        not_found(request).await
+    }
 }
 
 async fn gemini_models() -> Response {
@@ -236,10 +246,18 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Responses => super::responses::responses(&body, arrival.call),
                     Endpoint::Messages => anthropic::messages(&parts.headers, &body, arrival.call),
                     Endpoint::CountTokens => anthropic::count_tokens(&parts.headers, &body),
-                    Endpoint::Gemini => gemini::call(parts.uri.path(), &body, arrival.call),
+                    Endpoint::Gemini => {
+                        gemini::call(parts.uri.path(), parts.uri.query(), &body, arrival.call)
+                    }
                 };
-                if let (Endpoint::Embeddings, Ok(_)) = (endpoint, &answer) {
-                    shared.embedded(openai::embedding_inputs(&body));
+                match (endpoint, &answer) {
+                    (Endpoint::Embeddings, Ok(_)) => {
+                        shared.embedded(openai::embedding_inputs(&body));
+                    }
+                    (Endpoint::Gemini, Ok(_)) => {
+                        shared.embedded(gemini::embedded_texts(parts.uri.path(), &body));
+                    }
+                    _ => {}
                 }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
@@ -300,9 +318,13 @@ fn scripted_response(script: Scripted) -> Response {
 }
 
 /// An injected failure, shaped like the provider's own errors. Anthropic sends
-/// `retry-after` in seconds only; OpenAI adds the precise `retry-after-ms`.
+/// `retry-after` in seconds only; OpenAI adds the precise `retry-after-ms`; Gemini's is
+/// `gemini::failure`'s.
 fn failure_response(failure: &FailureMode, endpoint: Endpoint) -> Response {
     let status = status_or_500(failure.status);
+    if let Endpoint::Gemini = endpoint {
+        return gemini::failure(failure, status);
+    }
     if endpoint.is_anthropic() {
         let message = match status.as_u16() {
             529 => "Overloaded".to_owned(),

@@ -1,12 +1,15 @@
-//! The mock provider (OpenAI and Anthropic): a real HTTP server that stands in for the paid
+//! The mock provider (OpenAI, Anthropic and Gemini): a real HTTP server that stands in for the paid
 //! providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/images/generations`, `/v1/models`, and `/v1/responses` in
 //! `responses.rs`) and the Anthropic one
-//! (`/v1/messages`, `/v1/messages/count_tokens`), answered deterministically from the request
+//! (`/v1/messages`, `/v1/messages/count_tokens`), and Gemini's native one
+//! (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`, `:countTokens`,
+//! `:embedContent`, `:batchEmbedContents`, the same under `/v1/`, and `/v1beta/models`),
+//! answered deterministically from the request
 //! body so that identical requests get identical content and different requests differ
-//! (`openai.rs`, `anthropic.rs`). The
+//! (`openai.rs`, `anthropic.rs`, `gemini.rs`). The
 //! ledger of billable calls: every call is counted and recorded on arrival, before anything can
 //! delay it, so a test can assert "the gateway sent exactly one upstream request" and can wait
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
@@ -71,16 +74,19 @@ pub struct MockSettings {
 }
 
 /// Make a share of the billable calls fail with an error in the shape of the endpoint's API
-/// (OpenAI's, or Anthropic's on `/v1/messages*`, where 529 is `overloaded_error`).
+/// (OpenAI's, Anthropic's on `/v1/messages*`, where 529 is `overloaded_error`, or Gemini's
+/// `{"error":{"code","message","status"}}` on its methods, where 429 is `RESOURCE_EXHAUSTED`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FailureMode {
     /// HTTP status of the failed call; an invalid status is answered as 500.
     pub status: u16,
     /// Probability in `[0, 1]` that a given call fails; 1.0 makes every call fail, 0.0 none.
     pub fraction: f64,
-    /// Sent as `Retry-After` (whole seconds, rounded up) and `retry-after-ms`.
+    /// Sent as `Retry-After` (whole seconds, rounded up) and `retry-after-ms`; Gemini's
+    /// failures send `Retry-After` and, as Google does, a `RetryInfo` detail (`retryDelay`).
     pub retry_after: Option<Duration>,
-    /// Sent as `error.code`, e.g. `"insufficient_quota"`.
+    /// Sent as `error.code`, e.g. `"insufficient_quota"`; on Gemini's surface (whose
+    /// `error.code` is the HTTP status) as `error.status` instead, e.g. `"FAILED_PRECONDITION"`.
     pub code: Option<String>,
 }
 
@@ -237,7 +243,8 @@ impl MockProvider {
     }
 
     /// Billable calls received so far (chat completions, completions, embeddings, messages,
-    /// token counts, transcriptions, image generations), counted on
+    /// token counts, transcriptions, image generations, Gemini's `models/{model}:{method}`
+    /// calls), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()
@@ -286,15 +293,17 @@ impl MockProvider {
     }
 
     /// When on, SSE streams stop after their first content chunk (an Anthropic stream after its
-    /// first `content_block_delta`), with no `finish_reason`, usage, `[DONE]` or `message_stop`,
-    /// by aborting the connection mid-body.
+    /// first `content_block_delta`, a Gemini stream, SSE or JSON array, after its first chunk),
+    /// with no `finish_reason`, usage, `[DONE]`, `message_stop` or `finishReason`, by aborting
+    /// the connection mid-body.
     pub fn set_truncate_streams(&self, on: bool) {
         self.inner.shared.set_truncate_streams(on);
     }
 
     /// From now on, a streamed chat answer (`/v1/chat/completions` with `stream: true`) is
     /// padded with more content chunks of its first choice, one word each, until its body is
-    /// at least `bytes` long; 0 streams answers as they are. Other formats are not padded.
+    /// at least `bytes` long; 0 streams answers as they are. Gemini's streams are padded the
+    /// same way (more chunks of its candidate); other formats are not padded.
     pub fn set_stream_padding(&self, bytes: usize) {
         self.inner
             .shared
@@ -302,7 +311,8 @@ impl MockProvider {
             .store(bytes, Ordering::Relaxed);
     }
 
-    /// From now on, every streamed answer sends all but its final event (chat: `data: [DONE]`)
+    /// From now on, every streamed answer sends all but its final event (chat: `data: [DONE]`;
+    /// Gemini: the chunk with `finishReason`)
     /// and then waits, counted in [`streams_at_end`](Self::streams_at_end), until
     /// [`release_stream_ends`](Self::release_stream_ends): streams a test keeps live for as long
     /// as it needs them.
@@ -326,8 +336,8 @@ impl MockProvider {
         self.inner.shared.wait_for_streams_at_end(n, timeout).await
     }
 
-    /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call: a
-    /// batch of five inputs counts five.
+    /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call and
+    /// Gemini `:embedContent`/`:batchEmbedContents` call: a batch of five inputs counts five.
     pub fn embedded_inputs(&self) -> u64 {
         self.inner.shared.embedded_inputs()
     }
@@ -363,7 +373,7 @@ struct Shared {
     latency: Mutex<Duration>,
     failure: Mutex<Option<FailureMode>>,
     truncate_streams: AtomicBool,
-    /// Body size streamed chat answers are padded to (0: none).
+    /// Body size streamed chat and Gemini answers are padded to (0: none).
     stream_padding: AtomicUsize,
     stream_ends: watch::Sender<delivery::StreamEnds>,
     ledger: Mutex<Ledger>,

@@ -1,4 +1,4 @@
-//! `mock-upstream`: the shipped fake provider (OpenAI and Anthropic APIs), for integration tests, demos and load tests.
+//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic and Gemini APIs), for integration tests, demos and load tests.
 //!
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
@@ -15,7 +15,7 @@ use mock_upstream::{FailureMode, MockProvider, MockSettings};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI- and Anthropic-compatible provider for tests, demos and load tests.
+/// A fake OpenAI-, Anthropic- and Gemini-compatible provider for tests, demos and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
 struct Args {

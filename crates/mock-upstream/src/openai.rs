@@ -31,10 +31,14 @@ pub(super) enum Answer {
     Stream(SseEvents),
 }
 
-/// The complete list of SSE events of a streamed answer, each already framed as `data: ...\n\n`.
+/// The complete list of events of a streamed answer, each already framed as its API frames it
+/// (`data: ...\n\n` for OpenAI; one element of a streamed JSON array for Gemini without SSE).
 #[derive(Debug)]
 pub(super) struct SseEvents {
     pub(super) events: Vec<Bytes>,
+    /// The response's `content-type`: [`SseEvents::EVENT_STREAM`] but for a stream that is not
+    /// SSE (Gemini's streamed JSON array).
+    pub(super) content_type: &'static str,
     /// Index of the first event that carries content; a truncated stream ends right after it.
     pub(super) first_content: usize,
     /// How this stream's content chunks are made, for padding it to a size; `None` for a
@@ -51,12 +55,17 @@ pub(super) struct PadChunk {
     pub(super) after: String,
 }
 
+impl SseEvents {
+    /// The content type of a server-sent-events stream.
+    pub(super) const EVENT_STREAM: &'static str = "text/event-stream";
+}
+
 impl PadChunk {
     /// Placeholder for the text while the template is serialized; never in an answer.
-    const MARK: &'static str = "__mock_padding_text__";
+    pub(super) const MARK: &'static str = "__mock_padding_text__";
 
     /// `event` (one framed chunk whose text is [`Self::MARK`]) cut around the mark.
-    fn around_mark(event: &[u8]) -> Option<Self> {
+    pub(super) fn around_mark(event: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(event).ok()?;
         let (before, after) = text.split_once(Self::MARK)?;
         Some(Self {
@@ -198,6 +207,7 @@ pub(super) fn chat_completions(body: &[u8], call: u64) -> Result<Answer, Invalid
     ))));
     Ok(Answer::Stream(SseEvents {
         events,
+        content_type: SseEvents::EVENT_STREAM,
         first_content: 1,
         padding,
     }))
@@ -281,6 +291,7 @@ pub(super) fn completions(body: &[u8], call: u64) -> Result<Answer, InvalidReque
     events.push(Bytes::from_static(b"data: [DONE]\n\n"));
     Ok(Answer::Stream(SseEvents {
         events,
+        content_type: SseEvents::EVENT_STREAM,
         first_content: 0,
         padding: None,
     }))
@@ -656,7 +667,7 @@ pub(super) fn short_digest(text: &str) -> String {
 
 /// The shortest decimal that reads back as `value` (serde_json prints an f32
 /// so), as the f64 that decimal names.
-fn shortest(value: f32) -> f64 {
+pub(super) fn shortest(value: f32) -> f64 {
     let text = serde_json::to_string(&value).expect("a finite f32 prints");
     text.parse().expect("a printed f32 parses")
 }

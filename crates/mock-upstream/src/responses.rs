@@ -146,6 +146,7 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
         events.push("response.completed", json!({"response": complete}));
         return Ok(Answer::Stream(SseEvents {
             events: events.0,
+            content_type: SseEvents::EVENT_STREAM,
             first_content,
             padding: None,
         }));
@@ -191,6 +192,7 @@ pub(super) fn responses(body: &[u8], call: u64) -> Result<Answer, InvalidRequest
     events.push("response.completed", json!({"response": complete}));
     Ok(Answer::Stream(SseEvents {
         events: events.0,
+        content_type: SseEvents::EVENT_STREAM,
         first_content,
         padding: None,
     }))

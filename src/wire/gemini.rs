@@ -1,0 +1,625 @@
+//! Gemini's native API (`POST /v1beta/models/{model}:generateContent` and
+//! `:streamGenerateContent?alt=sse`, the same under `/v1/`), sent to
+//! `api: gemini` upstreams as `{base_url}/models/{model}:{method}`.
+//!
+//! Unlike the other APIs, the request's path says what the body does not:
+//! the model, and whether the caller streams (the method). Both reach the
+//! adapter as a [`GeminiCall`] read off the path; the model is keyed through
+//! it (with the path's API version) and the method is delivery, so a
+//! `generateContent` and a `streamGenerateContent` caller of one request
+//! share one upstream call, like `stream` in the other APIs' bodies. The
+//! `alt` query parameter (the stream's framing) is delivery too.
+//!
+//! A stream is a sequence of `data: <GenerateContentResponse>` events, with
+//! neither event names nor a `[DONE]`: each chunk carries the next piece of
+//! each candidate's `content.parts`, and the usage so far (`usageMetadata`
+//! is a running total, so the last chunk's is the call's). The stream is
+//! complete (cacheable) only on a chunk whose candidates carry their
+//! `finishReason`, or one that says the prompt was blocked
+//! (`promptFeedback.blockReason`, no candidates); an `error` object, or a
+//! stream cut before, fails every reader with an error event in Gemini's
+//! shape (`{"error":{"code":500,"message":..,"status":"INTERNAL"}}`, the
+//! shape the SDKs raise their own `APIError` for).
+//!
+//! [`assemble`](Wire::assemble) merges the chunks as the SDKs' readers do
+//! (a candidate's consecutive text pieces joined), and
+//! [`synthesize`](Wire::synthesize) cuts an answer back into chunks that
+//! merge to it.
+//!
+//! Keyed: every body field (`contents`, whose parts' text is normalized like
+//! chat messages, `systemInstruction`, `tools`, `toolConfig`,
+//! `generationConfig`, `safetySettings`, `cachedContent`, and any field
+//! newer than this adapter). `cachedContent` names content that cannot
+//! change (only its expiry can), so it is keyed by its name like any other
+//! value. Gemini samples at temperature 1 by default: a request is
+//! deterministic only with `generationConfig.temperature: 0` or a
+//! `generationConfig.seed`. The API has no label fields.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::{ConvertError, Wire, pieces};
+use crate::{
+    config::Api,
+    error::{ErrorShape, GatewayError},
+    fingerprint::{BodyKeying, Endpoint},
+    sse::{
+        CallerUsage, Format, Frame, StreamFormat, UpstreamStreamRequest, data_event, event_json,
+    },
+    usage::Usage,
+    validate::{self, InputLimits},
+};
+
+/// The generateContent adapter.
+#[derive(Debug)]
+pub struct GeminiWire;
+
+pub static GEMINI: GeminiWire = GeminiWire;
+
+/// Gemini's stream format.
+#[derive(Debug)]
+pub struct GeminiStream;
+
+pub static GEMINI_STREAM: GeminiStream = GeminiStream;
+
+/// The non-stream method.
+const GENERATE: &str = "generateContent";
+/// The stream method.
+const STREAM_GENERATE: &str = "streamGenerateContent";
+
+/// What a Gemini path says of a generateContent request: which model, and
+/// whether the caller streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeminiCall {
+    /// The model segment as the path spells it (`gemini-2.5-flash`).
+    pub model: String,
+    /// `streamGenerateContent`.
+    pub stream: bool,
+    /// The API version the caller named (`v1beta`, `v1`): keyed, since the
+    /// versions may answer one body differently.
+    pub version: &'static str,
+}
+
+impl GeminiCall {
+    /// The call `path` names: `/{v1beta|v1}/models/{model}:generateContent`
+    /// or `:streamGenerateContent`; `None` for any other path (the model
+    /// list, `countTokens`, tuned models, files: the pass-through's).
+    pub fn of_path(path: &str) -> Option<Self> {
+        let (version, rest) = if let Some(rest) = path.strip_prefix("/v1beta/models/") {
+            ("v1beta", rest)
+        } else {
+            ("v1", path.strip_prefix("/v1/models/")?)
+        };
+        let (model, method) = rest.rsplit_once(':')?;
+        let stream = match method {
+            GENERATE => false,
+            STREAM_GENERATE => true,
+            _ => return None,
+        };
+        let plain = !model.is_empty()
+            && model
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'@'));
+        plain.then(|| Self {
+            model: model.to_owned(),
+            stream,
+            version,
+        })
+    }
+}
+
+impl GeminiCall {
+    /// The path the call came on, for messages.
+    pub fn path(&self) -> String {
+        let method = if self.stream {
+            STREAM_GENERATE
+        } else {
+            GENERATE
+        };
+        format!("/{}/models/{}:{method}", self.version, self.model)
+    }
+}
+
+static KEYING: BodyKeying = BodyKeying {
+    delivery: &[],
+    labels: &[],
+    item_labels: &[],
+    messages: Some("contents"),
+    content: "parts",
+    inline_item: None,
+};
+
+impl Wire for GeminiWire {
+    fn api(&self) -> Api {
+        Api::Gemini
+    }
+
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::Gemini
+    }
+
+    fn keying(&self) -> &'static BodyKeying {
+        &KEYING
+    }
+
+    /// `alt` is how a stream is framed (`sse`, or a JSON array without it).
+    fn delivery_query(&self) -> &'static [&'static str] {
+        &["alt"]
+    }
+
+    /// The conversation's length, which corral normalizes and hashes; the
+    /// rest (roles, part kinds, ranges) is Google's to judge.
+    fn check(&self, body: &Map<String, Value>, limits: InputLimits) -> Result<(), GatewayError> {
+        if let Some(Value::Array(contents)) = body.get("contents") {
+            validate::check_message_count(contents, limits)?;
+        }
+        Ok(())
+    }
+
+    /// `generationConfig.temperature: 0`, or a `generationConfig.seed`.
+    fn is_deterministic(&self, body: &Map<String, Value>) -> bool {
+        let Some(Value::Object(config)) = body.get("generationConfig") else {
+            return false;
+        };
+        let zero = config
+            .get("temperature")
+            .and_then(Value::as_f64)
+            .is_some_and(|t| t == 0.0);
+        zero || config.get("seed").is_some_and(|seed| !seed.is_null())
+    }
+
+    /// The method, not the body, says whether a call streams.
+    fn is_stream(&self, _body: &Map<String, Value>) -> bool {
+        false
+    }
+
+    fn upstream_path(&self, _endpoint: Endpoint, model: &str, stream: bool) -> Cow<'static, str> {
+        let method = if stream { STREAM_GENERATE } else { GENERATE };
+        Cow::Owned(format!("/models/{model}:{method}"))
+    }
+
+    fn stream_query(&self) -> Option<&'static str> {
+        Some("alt=sse")
+    }
+
+    fn stream_format(&self) -> Format {
+        &GEMINI_STREAM
+    }
+
+    /// The body goes as it came: the method streams, and every chunk
+    /// carries usage.
+    fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
+        UpstreamStreamRequest {
+            body: Bytes::from(Value::Object(body.clone()).to_string()),
+            caller_usage: CallerUsage::Asked,
+        }
+    }
+
+    fn assemble(&self, events: &[Bytes]) -> Result<Value, ConvertError> {
+        assemble(events)
+    }
+
+    fn synthesize(&self, answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
+        synthesize(answer)
+    }
+
+    fn is_complete(&self, body: &[u8]) -> bool {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(response)) => completes(&response),
+            _ => false,
+        }
+    }
+
+    fn usage(&self, body: &[u8]) -> Option<Usage> {
+        let value: Value = serde_json::from_slice(body).ok()?;
+        Usage::from_usage_metadata(value.get("usageMetadata")?)
+    }
+}
+
+/// Whether a response (or the chunk that ends a stream) is a whole answer:
+/// every candidate carries its `finishReason`, or the prompt was blocked.
+fn completes(response: &Map<String, Value>) -> bool {
+    match response.get("candidates") {
+        Some(Value::Array(candidates)) if !candidates.is_empty() => candidates
+            .iter()
+            .all(|candidate| candidate.get("finishReason").is_some_and(Value::is_string)),
+        _ => response
+            .get("promptFeedback")
+            .and_then(|feedback| feedback.get("blockReason"))
+            .is_some_and(Value::is_string),
+    }
+}
+
+impl StreamFormat for GeminiStream {
+    fn read(&self, _name: Option<&str>, data: &str) -> Frame {
+        let chunk = match serde_json::from_str::<Value>(data) {
+            Ok(Value::Object(chunk)) => chunk,
+            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
+            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        };
+        if chunk.get("error").is_some_and(|error| !error.is_null()) {
+            return Frame::Failed(data_event(&Value::Object(chunk)));
+        }
+        let usage = chunk
+            .get("usageMetadata")
+            .and_then(Usage::from_usage_metadata);
+        let complete = completes(&chunk);
+        let event = data_event(&Value::Object(chunk));
+        if complete {
+            Frame::Complete {
+                event: Some(event),
+                usage,
+            }
+        } else {
+            Frame::Event { event, usage }
+        }
+    }
+
+    fn done_event(&self) -> Option<Bytes> {
+        None
+    }
+
+    /// Gemini's error shape, `code` an integer: what the SDKs raise their
+    /// own `APIError` for.
+    fn error_event(&self, message: &str, _position: usize) -> Bytes {
+        data_event(&json!({"error": {"code": 500, "message": message, "status": "INTERNAL"}}))
+    }
+
+    fn event_usage(&self, event: &[u8]) -> Option<Usage> {
+        let value: Value = serde_json::from_slice(event_json(event)?).ok()?;
+        Usage::from_usage_metadata(value.get("usageMetadata")?)
+    }
+}
+
+/// The response a complete stream amounts to: per candidate (by `index`),
+/// its parts in order with consecutive text pieces of one kind joined, and
+/// every other member as the latest chunk that had it said; the response's
+/// own members (`usageMetadata`, `modelVersion`, `responseId`,
+/// `promptFeedback`) likewise.
+fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
+    let mut response = Map::new();
+    let mut candidates: Vec<Map<String, Value>> = Vec::new();
+    let mut complete = false;
+    for (index, event) in events.iter().enumerate() {
+        let Some(Ok(Value::Object(chunk))) = event_json(event).map(serde_json::from_slice) else {
+            return Err(ConvertError::NotJson { index });
+        };
+        if chunk.get("error").is_some_and(|error| !error.is_null()) {
+            return Err(ConvertError::ErrorEvent { index });
+        }
+        complete = completes(&chunk);
+        for (name, value) in chunk {
+            if name != "candidates" {
+                response.insert(name, value);
+                continue;
+            }
+            let Value::Array(pieces) = value else {
+                return Err(ConvertError::Malformed("candidates"));
+            };
+            for piece in pieces {
+                let Value::Object(piece) = piece else {
+                    return Err(ConvertError::Malformed("candidates[]"));
+                };
+                let at = piece
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .map_or(Ok(0), usize::try_from)
+                    .map_err(|_| ConvertError::Malformed("candidates[].index"))?;
+                if at > candidates.len() {
+                    return Err(ConvertError::Malformed("candidates[].index"));
+                }
+                if at == candidates.len() {
+                    candidates.push(Map::new());
+                }
+                merge_candidate(&mut candidates[at], piece)?;
+            }
+        }
+    }
+    if !complete {
+        return Err(ConvertError::Empty);
+    }
+    if !candidates.is_empty() {
+        let candidates = candidates.into_iter().map(Value::Object).collect();
+        response.insert("candidates".to_owned(), Value::Array(candidates));
+    }
+    Ok(Value::Object(response))
+}
+
+/// One chunk's piece of a candidate laid over what came before.
+fn merge_candidate(
+    into: &mut Map<String, Value>,
+    piece: Map<String, Value>,
+) -> Result<(), ConvertError> {
+    for (name, value) in piece {
+        if name != "content" {
+            into.insert(name, value);
+            continue;
+        }
+        let Value::Object(mut content) = value else {
+            return Err(ConvertError::Malformed("candidates[].content"));
+        };
+        let parts = match content.remove("parts") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(parts)) => parts,
+            Some(_) => return Err(ConvertError::Malformed("candidates[].content.parts")),
+        };
+        let merged = into
+            .entry("content")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .ok_or(ConvertError::Malformed("candidates[].content"))?;
+        for (name, value) in content {
+            merged.insert(name, value);
+        }
+        let merged_parts = merged
+            .entry("parts")
+            .or_insert_with(|| json!([]))
+            .as_array_mut()
+            .ok_or(ConvertError::Malformed("candidates[].content.parts"))?;
+        for part in parts {
+            append_part(merged_parts, part);
+        }
+    }
+    Ok(())
+}
+
+/// `part` after `parts`: joined to the last one when both are plain text of
+/// one kind (answer or thought), else as a part of its own.
+fn append_part(parts: &mut Vec<Value>, part: Value) {
+    if let (Some(Value::Object(last)), Value::Object(next)) = (parts.last_mut(), &part)
+        && let (Some(kind), Some(Value::String(more))) = (plain_text(last), next.get("text"))
+        && plain_text(next) == Some(kind)
+        && let Some(Value::String(text)) = last.get_mut("text")
+    {
+        text.push_str(more);
+        return;
+    }
+    parts.push(part);
+}
+
+/// For a part that is text and nothing else (a thought marked so): whether
+/// it is a thought.
+fn plain_text(part: &Map<String, Value>) -> Option<bool> {
+    if !part.get("text").is_some_and(Value::is_string) {
+        return None;
+    }
+    let thought = match part.get("thought") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(thought)) => *thought,
+        Some(_) => return None,
+    };
+    let others = part.len() - 1 - usize::from(part.contains_key("thought"));
+    (others == 0).then_some(thought)
+}
+
+/// A stream of chunks that [`assemble`] merges back into `answer`: each
+/// candidate's text cut into pieces, one chunk each, and a last chunk that
+/// carries every candidate's last piece with its `finishReason` (and its
+/// other members), and the response's own members.
+fn synthesize(answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
+    let Value::Object(answer) = answer else {
+        return Err(ConvertError::Malformed("response"));
+    };
+    let mut head = answer.clone();
+    let candidates = match head.remove("candidates") {
+        None | Some(Value::Null) => return Ok(vec![data_event(&Value::Object(head))]),
+        Some(Value::Array(candidates)) => candidates,
+        Some(_) => return Err(ConvertError::Malformed("candidates")),
+    };
+    // What identifies the answer goes in every chunk, as Gemini sends it.
+    let mut ids = Map::new();
+    for name in ["modelVersion", "responseId"] {
+        if let Some(value) = head.get(name) {
+            ids.insert(name.to_owned(), value.clone());
+        }
+    }
+    let mut events = Vec::new();
+    let mut last_pieces = Vec::new();
+    for (at, candidate) in candidates.into_iter().enumerate() {
+        let Value::Object(mut candidate) = candidate else {
+            return Err(ConvertError::Malformed("candidates[]"));
+        };
+        let index = candidate.get("index").cloned().unwrap_or(json!(at));
+        let mut content = match candidate.remove("content") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(content)) => content,
+            Some(_) => return Err(ConvertError::Malformed("candidates[].content")),
+        };
+        let parts = match content.remove("parts") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(parts)) => parts,
+            Some(_) => return Err(ConvertError::Malformed("candidates[].content.parts")),
+        };
+        let mut cut: Vec<Value> = Vec::new();
+        for part in parts {
+            match part.as_object().and_then(plain_text) {
+                Some(_) => {
+                    let text = part["text"].as_str().unwrap_or_default();
+                    for piece in pieces(text) {
+                        // The part as it was (its `thought` mark kept), with a piece of its text.
+                        let mut piece_part = part.clone();
+                        piece_part["text"] = json!(piece);
+                        cut.push(piece_part);
+                    }
+                }
+                None => cut.push(part),
+            }
+        }
+        let last = cut.pop();
+        for part in cut {
+            let mut piece_content = content.clone();
+            piece_content.insert("parts".to_owned(), json!([part]));
+            let mut chunk = ids.clone();
+            chunk.insert(
+                "candidates".to_owned(),
+                json!([{"content": piece_content, "index": index}]),
+            );
+            events.push(data_event(&Value::Object(chunk)));
+        }
+        content.insert("parts".to_owned(), Value::Array(last.into_iter().collect()));
+        candidate.insert("content".to_owned(), Value::Object(content));
+        candidate.insert("index".to_owned(), index);
+        last_pieces.push(Value::Object(candidate));
+    }
+    head.insert("candidates".to_owned(), Value::Array(last_pieces));
+    events.push(data_event(&Value::Object(head)));
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(value: Value) -> Bytes {
+        data_event(&value)
+    }
+
+    fn answer() -> Value {
+        json!({
+            "candidates": [{
+                "content": {"role": "model", "parts": [
+                    {"text": "thinking it over ".repeat(5), "thought": true},
+                    {"text": "a long answer ".repeat(12)},
+                    {"functionCall": {"name": "lookup", "args": {"q": "x"}}},
+                ]},
+                "finishReason": "STOP",
+                "index": 0,
+                "safetyRatings": [],
+            }],
+            "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 40,
+                              "thoughtsTokenCount": 9, "totalTokenCount": 61},
+            "modelVersion": "gemini-2.5-flash",
+            "responseId": "r-1",
+        })
+    }
+
+    #[test]
+    fn a_path_names_the_model_the_method_and_the_version() {
+        let call = GeminiCall::of_path("/v1beta/models/gemini-2.5-flash:streamGenerateContent");
+        assert_eq!(
+            call,
+            Some(GeminiCall {
+                model: "gemini-2.5-flash".to_owned(),
+                stream: true,
+                version: "v1beta",
+            })
+        );
+        let call = GeminiCall::of_path("/v1/models/gemini-2.5-pro:generateContent").unwrap();
+        assert_eq!((call.stream, call.version), (false, "v1"));
+        for other in [
+            "/v1beta/models/gemini-2.5-flash:countTokens",
+            "/v1beta/models/gemini-2.5-flash",
+            "/v1beta/models/:generateContent",
+            "/v1beta/models/a/b:generateContent",
+            "/v1beta/models/a%2F..:generateContent",
+            "/v1beta/tunedModels/x:generateContent",
+            "/v1/chat/completions",
+        ] {
+            assert_eq!(GeminiCall::of_path(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_synthesized_stream_assembles_to_its_answer() {
+        let answer = answer();
+        let events = synthesize(&answer).unwrap();
+        assert!(events.len() > 3, "the text is cut into pieces");
+        let frames: Vec<Frame> = events
+            .iter()
+            .map(|event| {
+                let data = std::str::from_utf8(event_json(event).unwrap()).unwrap();
+                GEMINI_STREAM.read(None, data)
+            })
+            .collect();
+        assert!(matches!(
+            frames.last(),
+            Some(Frame::Complete { usage: Some(_), .. })
+        ));
+        assert!(
+            frames[..frames.len() - 1]
+                .iter()
+                .all(|frame| matches!(frame, Frame::Event { .. }))
+        );
+        assert_eq!(assemble(&events).unwrap(), answer);
+    }
+
+    #[test]
+    fn a_stream_without_its_finish_reason_is_not_an_answer() {
+        let first = event(json!({"candidates": [{"content": {"role": "model",
+            "parts": [{"text": "Hel"}]}, "index": 0}],
+            "usageMetadata": {"promptTokenCount": 3, "totalTokenCount": 3}}));
+        assert_eq!(
+            assemble(std::slice::from_ref(&first)),
+            Err(ConvertError::Empty)
+        );
+        let last = event(json!({"candidates": [{"content": {"role": "model",
+            "parts": [{"text": "lo"}]}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2,
+                              "totalTokenCount": 5}}));
+        let assembled = assemble(&[first, last]).unwrap();
+        assert_eq!(
+            assembled["candidates"][0]["content"]["parts"],
+            json!([{"text": "Hello"}])
+        );
+        assert_eq!(assembled["usageMetadata"]["candidatesTokenCount"], 2);
+        assert!(GEMINI.is_complete(assembled.to_string().as_bytes()));
+        let cut = json!({"candidates": [{"content": {"parts": [{"text": "Hel"}]}}]});
+        assert!(!GEMINI.is_complete(cut.to_string().as_bytes()));
+    }
+
+    #[test]
+    fn a_blocked_prompt_is_a_complete_answer_of_one_chunk() {
+        let blocked = json!({"promptFeedback": {"blockReason": "SAFETY"},
+            "usageMetadata": {"promptTokenCount": 4, "totalTokenCount": 4}});
+        assert!(GEMINI.is_complete(blocked.to_string().as_bytes()));
+        let events = synthesize(&blocked).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(assemble(&events).unwrap(), blocked);
+    }
+
+    #[test]
+    fn an_error_chunk_fails_the_stream_and_the_broken_stream_event_is_googles_shape() {
+        let frame = GEMINI_STREAM.read(
+            None,
+            r#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED"}}"#,
+        );
+        assert!(matches!(frame, Frame::Failed(_)));
+        let event = GEMINI_STREAM.error_event("cut", 3);
+        let value: Value = serde_json::from_slice(event_json(&event).unwrap()).unwrap();
+        assert_eq!(value["error"]["code"], 500);
+        assert_eq!(value["error"]["status"], "INTERNAL");
+        assert_eq!(
+            GEMINI_STREAM.read(None, "[1]"),
+            Frame::Malformed("event data is JSON but not an object".to_owned())
+        );
+    }
+
+    #[test]
+    fn usage_counts_thoughts_as_reasoning_and_cached_content_inside_the_prompt() {
+        let body = json!({"usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 60,
+            "candidatesTokenCount": 20, "thoughtsTokenCount": 30, "toolUsePromptTokenCount": 5,
+            "totalTokenCount": 155}});
+        let usage = GEMINI.usage(body.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            usage,
+            Usage {
+                prompt_tokens: 105,
+                completion_tokens: 50,
+                cached_tokens: 60,
+                cache_write_tokens: 0,
+                reasoning_tokens: 30,
+            }
+        );
+    }
+
+    #[test]
+    fn only_temperature_zero_or_a_seed_is_deterministic() {
+        let body = |value: Value| value.as_object().unwrap().clone();
+        assert!(!GEMINI.is_deterministic(&body(json!({"contents": []}))));
+        assert!(GEMINI.is_deterministic(&body(json!({"generationConfig": {"temperature": 0}}))));
+        assert!(GEMINI.is_deterministic(&body(json!({"generationConfig": {"seed": 7}}))));
+        assert!(!GEMINI.is_deterministic(&body(json!({"temperature": 0}))));
+    }
+}
