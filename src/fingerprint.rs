@@ -30,17 +30,20 @@ pub enum Endpoint {
     /// Gemini's `generateContent` and `streamGenerateContent` (one key for
     /// both: the method only delivers), below the model the path names.
     GenerateContent,
+    /// Gemini's `embedContent` and `batchEmbedContents`, item by item.
+    EmbedContent,
 }
 
 impl Endpoint {
     /// Every deduplicated endpoint.
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Self::ChatCompletions,
         Self::Completions,
         Self::Embeddings,
         Self::Responses,
         Self::Messages,
         Self::GenerateContent,
+        Self::EmbedContent,
     ];
 
     /// Path below the upstream's base URL (which ends in `/v1`).
@@ -52,7 +55,7 @@ impl Endpoint {
             Self::Responses => "/responses",
             Self::Messages => "/messages",
             // Per request (`Wire::upstream_path`): `/models/{model}:{method}`.
-            Self::GenerateContent => "/models",
+            Self::GenerateContent | Self::EmbedContent => "/models",
         }
     }
 
@@ -65,6 +68,7 @@ impl Endpoint {
             Self::Responses => "responses",
             Self::Messages => "messages",
             Self::GenerateContent => "gemini",
+            Self::EmbedContent => "gemini_embeddings",
         }
     }
 }

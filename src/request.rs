@@ -19,7 +19,7 @@ use crate::{
     tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
-    wire::{self, Echo, GeminiCall, Wire},
+    wire::{self, Echo, GeminiCall, GeminiMethod, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -212,6 +212,8 @@ pub struct DedupRequest {
     pub query_pairs: Vec<(String, String)>,
     /// Retry counter and idempotency key, for the retry window.
     pub retry: RetryMarks,
+    /// The method the path named (Gemini's), when it named one.
+    pub method: Option<GeminiMethod>,
     /// The caller's own values of the label fields its answer echoes.
     pub echo: Option<Arc<Echo>>,
 }
@@ -294,7 +296,7 @@ impl DedupRequest {
                     model: model.clone(),
                 })?;
         wire.check(&body, rules.limits)?;
-        let stream = call.map_or_else(|| wire.is_stream(&body), |call| call.stream);
+        let stream = call.map_or_else(|| wire.is_stream(&body), GeminiCall::stream);
 
         // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever
         // header. A Gemini request's key (`x-goog-api-key` or `?key=`) goes
@@ -434,6 +436,7 @@ impl DedupRequest {
             query_pairs,
             retry,
             echo,
+            method: call.map(|call| call.method),
         })
     }
 }

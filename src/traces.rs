@@ -65,7 +65,7 @@ pub fn operation_name(endpoint: Endpoint) -> &'static str {
         // the provider's API (OpenAI Responses, Anthropic Messages included).
         Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => "chat",
         Endpoint::Completions => "text_completion",
-        Endpoint::Embeddings => "embeddings",
+        Endpoint::Embeddings | Endpoint::EmbedContent => "embeddings",
         Endpoint::GenerateContent => "generate_content",
     }
 }

@@ -118,9 +118,9 @@ where
         let gemini_call = (method == Method::POST)
             .then(|| GeminiCall::of_path(path))
             .flatten()
-            .filter(|call| !call.stream || asks_for_events(uri.query()));
-        let endpoint = match gemini_call {
-            Some(_) => Some(Endpoint::GenerateContent),
+            .filter(|call| !call.stream() || asks_for_events(uri.query()));
+        let endpoint = match &gemini_call {
+            Some(call) => Some(call.method.endpoint()),
             None => endpoint_of(path),
         };
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
@@ -341,7 +341,7 @@ fn fresh_request_id() -> HeaderValue {
 fn endpoint_of(path: &str) -> Option<Endpoint> {
     Endpoint::ALL
         .into_iter()
-        .filter(|endpoint| *endpoint != Endpoint::GenerateContent)
+        .filter(|endpoint| endpoint.path() != "/models")
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
 }
 

@@ -122,7 +122,7 @@ impl Plan {
     fn of(request: &DedupRequest) -> Self {
         match (request.policy.bypass, request.endpoint, request.stream) {
             (true, _, _) => Self::Bypass,
-            (false, Endpoint::Embeddings, _) => Self::Itemized,
+            (false, Endpoint::Embeddings | Endpoint::EmbedContent, _) => Self::Itemized,
             (false, _, true) => Self::Stream,
             (false, _, false) => Self::Buffered,
         }
@@ -321,7 +321,12 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
     Outbound {
         upstream: request.upstream,
         method: Method::POST,
-        path: wire.upstream_path(request.endpoint, &request.model, request.stream),
+        path: wire.upstream_path(
+            request.endpoint,
+            &request.model,
+            request.stream,
+            request.method,
+        ),
         query,
         headers: std::mem::take(&mut request.forward_headers),
         authorization: request.authorization.take(),

@@ -69,13 +69,14 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// or `ERROR` when it was not.
 pub const CACHE_LABELS: [&str; 6] = ["HIT", "STALE", "MISS", "COALESCED", "BYPASS", "ERROR"];
 /// `endpoint` label values (`Endpoint::label`).
-pub const ENDPOINT_LABELS: [&str; 6] = [
+pub const ENDPOINT_LABELS: [&str; 7] = [
     "chat",
     "completions",
     "embeddings",
     "responses",
     "messages",
     "gemini",
+    "gemini_embeddings",
 ];
 /// `via` label values of `corral_saved_responses_total`.
 pub const VIA_LABELS: [&str; 4] = ["hit", "stale", "coalesced", "retry"];

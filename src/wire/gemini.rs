@@ -64,61 +64,98 @@ pub struct GeminiStream;
 
 pub static GEMINI_STREAM: GeminiStream = GeminiStream;
 
-/// The non-stream method.
-const GENERATE: &str = "generateContent";
-/// The stream method.
-const STREAM_GENERATE: &str = "streamGenerateContent";
+/// The model methods corral deduplicates; every other one (`countTokens`,
+/// ...) is the pass-through's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GeminiMethod {
+    /// `generateContent`.
+    Generate,
+    /// `streamGenerateContent`.
+    StreamGenerate,
+    /// `embedContent`: one content's vector.
+    Embed,
+    /// `batchEmbedContents`: a vector per request of its `requests`.
+    BatchEmbed,
+}
 
-/// What a Gemini path says of a generateContent request: which model, and
-/// whether the caller streams.
+impl GeminiMethod {
+    const ALL: [Self; 4] = [
+        Self::Generate,
+        Self::StreamGenerate,
+        Self::Embed,
+        Self::BatchEmbed,
+    ];
+
+    /// The method's name in a path (`models/{model}:{name}`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Generate => "generateContent",
+            Self::StreamGenerate => "streamGenerateContent",
+            Self::Embed => "embedContent",
+            Self::BatchEmbed => "batchEmbedContents",
+        }
+    }
+
+    /// The deduplicated endpoint it is: both generate methods are one (the
+    /// method only delivers), both embedding methods another (an item is
+    /// shared between them).
+    pub fn endpoint(self) -> Endpoint {
+        match self {
+            Self::Generate | Self::StreamGenerate => Endpoint::GenerateContent,
+            Self::Embed | Self::BatchEmbed => Endpoint::EmbedContent,
+        }
+    }
+}
+
+/// What a Gemini path says of a request: which model, which method.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GeminiCall {
     /// The model segment as the path spells it (`gemini-2.5-flash`).
     pub model: String,
-    /// `streamGenerateContent`.
-    pub stream: bool,
+    pub method: GeminiMethod,
     /// The API version the caller named (`v1beta`, `v1`): keyed, since the
     /// versions may answer one body differently.
     pub version: &'static str,
 }
 
 impl GeminiCall {
-    /// The call `path` names: `/{v1beta|v1}/models/{model}:generateContent`
-    /// or `:streamGenerateContent`; `None` for any other path (the model
-    /// list, `countTokens`, tuned models, files: the pass-through's).
+    /// The call `path` names: `/{v1beta|v1}/models/{model}:{method}` for a
+    /// deduplicated method; `None` for any other path (the model list,
+    /// `countTokens`, tuned models, files: the pass-through's).
     pub fn of_path(path: &str) -> Option<Self> {
         let (version, rest) = if let Some(rest) = path.strip_prefix("/v1beta/models/") {
             ("v1beta", rest)
         } else {
             ("v1", path.strip_prefix("/v1/models/")?)
         };
-        let (model, method) = rest.rsplit_once(':')?;
-        let stream = match method {
-            GENERATE => false,
-            STREAM_GENERATE => true,
-            _ => return None,
-        };
+        let (model, name) = rest.rsplit_once(':')?;
+        let method = GeminiMethod::ALL
+            .into_iter()
+            .find(|method| method.name() == name)?;
         let plain = !model.is_empty()
             && model
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'@'));
         plain.then(|| Self {
             model: model.to_owned(),
-            stream,
+            method,
             version,
         })
     }
-}
 
-impl GeminiCall {
+    /// `streamGenerateContent`.
+    pub fn stream(&self) -> bool {
+        self.method == GeminiMethod::StreamGenerate
+    }
+
     /// The path the call came on, for messages.
     pub fn path(&self) -> String {
-        let method = if self.stream {
-            STREAM_GENERATE
-        } else {
-            GENERATE
-        };
-        format!("/{}/models/{}:{method}", self.version, self.model)
+        format!(
+            "/{}/models/{}:{}",
+            self.version,
+            self.model,
+            self.method.name()
+        )
     }
 }
 
@@ -175,9 +212,19 @@ impl Wire for GeminiWire {
         false
     }
 
-    fn upstream_path(&self, _endpoint: Endpoint, model: &str, stream: bool) -> Cow<'static, str> {
-        let method = if stream { STREAM_GENERATE } else { GENERATE };
-        Cow::Owned(format!("/models/{model}:{method}"))
+    fn upstream_path(
+        &self,
+        _endpoint: Endpoint,
+        model: &str,
+        stream: bool,
+        _method: Option<GeminiMethod>,
+    ) -> Cow<'static, str> {
+        let method = if stream {
+            GeminiMethod::StreamGenerate
+        } else {
+            GeminiMethod::Generate
+        };
+        Cow::Owned(format!("/models/{model}:{}", method.name()))
     }
 
     fn stream_query(&self) -> Option<&'static str> {
@@ -210,6 +257,90 @@ impl Wire for GeminiWire {
             Ok(Value::Object(response)) => completes(&response),
             _ => false,
         }
+    }
+
+    fn usage(&self, body: &[u8]) -> Option<Usage> {
+        let value: Value = serde_json::from_slice(body).ok()?;
+        Usage::from_usage_metadata(value.get("usageMetadata")?)
+    }
+}
+
+/// The embedding methods' adapter (`embedContent`, `batchEmbedContents`):
+/// requests go by the item (`dedup/embeddings/`); what an adapter answers
+/// for a whole request serves only a `no-store` caller, sent as it came.
+#[derive(Debug)]
+pub struct GeminiEmbedWire;
+
+pub static GEMINI_EMBED: GeminiEmbedWire = GeminiEmbedWire;
+
+static EMBED_KEYING: BodyKeying = BodyKeying {
+    delivery: &[],
+    labels: &[],
+    item_labels: &[],
+    messages: None,
+    content: "parts",
+    inline_item: None,
+};
+
+impl Wire for GeminiEmbedWire {
+    fn api(&self) -> Api {
+        Api::Gemini
+    }
+
+    fn error_shape(&self) -> ErrorShape {
+        ErrorShape::Gemini
+    }
+
+    fn keying(&self) -> &'static BodyKeying {
+        &EMBED_KEYING
+    }
+
+    /// The items' own checks are the item reader's (`dedup/embeddings/`).
+    fn check(&self, _body: &Map<String, Value>, _limits: InputLimits) -> Result<(), GatewayError> {
+        Ok(())
+    }
+
+    /// One content, one vector.
+    fn is_deterministic(&self, _body: &Map<String, Value>) -> bool {
+        true
+    }
+
+    fn is_stream(&self, _body: &Map<String, Value>) -> bool {
+        false
+    }
+
+    /// The caller's own method (a `no-store` request goes as it came).
+    fn upstream_path(
+        &self,
+        _endpoint: Endpoint,
+        model: &str,
+        _stream: bool,
+        method: Option<GeminiMethod>,
+    ) -> Cow<'static, str> {
+        let method = method.unwrap_or(GeminiMethod::BatchEmbed);
+        Cow::Owned(format!("/models/{model}:{}", method.name()))
+    }
+
+    fn stream_format(&self) -> Format {
+        &GEMINI_STREAM
+    }
+
+    fn stream_request(&self, body: &Map<String, Value>) -> UpstreamStreamRequest {
+        GEMINI.stream_request(body)
+    }
+
+    fn assemble(&self, _events: &[Bytes]) -> Result<Value, ConvertError> {
+        Err(ConvertError::UnsupportedObject("embeddings".to_owned()))
+    }
+
+    fn synthesize(&self, _answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
+        Err(ConvertError::UnsupportedObject("embeddings".to_owned()))
+    }
+
+    fn is_complete(&self, body: &[u8]) -> bool {
+        serde_json::from_slice::<Value>(body).is_ok_and(|value| {
+            value.get("embedding").is_some() || value.get("embeddings").is_some()
+        })
     }
 
     fn usage(&self, body: &[u8]) -> Option<Usage> {
@@ -502,12 +633,14 @@ mod tests {
             call,
             Some(GeminiCall {
                 model: "gemini-2.5-flash".to_owned(),
-                stream: true,
+                method: GeminiMethod::StreamGenerate,
                 version: "v1beta",
             })
         );
         let call = GeminiCall::of_path("/v1/models/gemini-2.5-pro:generateContent").unwrap();
-        assert_eq!((call.stream, call.version), (false, "v1"));
+        assert_eq!((call.stream(), call.version), (false, "v1"));
+        let call = GeminiCall::of_path("/v1beta/models/gemini-embedding-001:batchEmbedContents");
+        assert_eq!(call.unwrap().method.endpoint(), Endpoint::EmbedContent);
         for other in [
             "/v1beta/models/gemini-2.5-flash:countTokens",
             "/v1beta/models/gemini-2.5-flash",

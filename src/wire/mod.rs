@@ -37,7 +37,7 @@ use crate::{
 pub use anthropic::{MESSAGES, MESSAGES_STREAM};
 pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
 pub use echo::{Echo, EchoedField};
-pub use gemini::{GEMINI, GEMINI_STREAM, GeminiCall};
+pub use gemini::{GEMINI, GEMINI_EMBED, GEMINI_STREAM, GeminiCall, GeminiMethod};
 pub use responses::{RESPONSES, RESPONSES_STREAM};
 
 /// The adapter of `endpoint`'s wire format.
@@ -49,6 +49,7 @@ pub fn of(endpoint: Endpoint) -> &'static dyn Wire {
         Endpoint::Responses => &RESPONSES,
         Endpoint::Messages => &MESSAGES,
         Endpoint::GenerateContent => &GEMINI,
+        Endpoint::EmbedContent => &GEMINI_EMBED,
     }
 }
 
@@ -105,9 +106,16 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// The path below the upstream's base URL a call of `model` goes to,
-    /// streamed or not: the endpoint's own, unless the format's path names
-    /// the model and the method (Gemini's).
-    fn upstream_path(&self, endpoint: Endpoint, _model: &str, _stream: bool) -> Cow<'static, str> {
+    /// streamed or not, for a caller whose path named `method`: the
+    /// endpoint's own, unless the format's path names the model and the
+    /// method (Gemini's).
+    fn upstream_path(
+        &self,
+        endpoint: Endpoint,
+        _model: &str,
+        _stream: bool,
+        _method: Option<GeminiMethod>,
+    ) -> Cow<'static, str> {
         Cow::Borrowed(endpoint.path())
     }
 

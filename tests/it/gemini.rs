@@ -386,6 +386,7 @@ async fn googles_sdk_callers_of_one_request_share_one_call() {
     );
     assert_eq!(results["repeat_cache"], "HIT", "{context}");
     assert_eq!(gemini_calls(&gateway), 1, "{context}");
+    assert_billed_and_saved(&gateway, &results["usage"], 100, &context).await;
 
     let (results, context) = checked(gateway.held_for_waiters(100, || phase("stream")).await);
     assert_eq!(results["stream_texts"], 1, "{context}");
@@ -587,4 +588,250 @@ async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
         hit.json()["candidates"][0]["content"]["parts"],
         json!([{"text": "Hello!"}])
     );
+}
+
+/// `/metrics` holds the Gemini answer's tokens, kind by kind, under its
+/// model: `usage` (the `usageMetadata` the SDK saw, thinking and cached
+/// content included) once upstream and `saved` times saved, and its cost
+/// at the snapshot's prices.
+async fn assert_billed_and_saved(gateway: &TestGateway, usage: &Value, saved: u64, context: &str) {
+    let model = "gemini-2.5-flash";
+    let count = |name: &str| usage[name].as_u64().unwrap_or(0);
+    let (prompt, cached) = (
+        count("prompt_token_count"),
+        count("cached_content_token_count"),
+    );
+    let (output, thoughts) = (
+        count("candidates_token_count"),
+        count("thoughts_token_count"),
+    );
+    assert!(
+        cached > 0 && thoughts > 0,
+        "the herd's usage has every kind: {context}"
+    );
+    let price = corral::pricing::snapshot()
+        .models
+        .iter()
+        .find(|entry| entry.id == model)
+        .expect("the snapshot prices gemini-2.5-flash")
+        .clone();
+    let one = u128::from(prompt - cached) * picos(price.input)
+        + u128::from(cached) * picos(price.cached_input.expect("a cached price"))
+        + u128::from(output + thoughts) * picos(price.output);
+    let m = crate::metrics::scrape(gateway).await;
+    let cost = |source| {
+        crate::metrics::sum(
+            &m,
+            "corral_cost_usd_total",
+            &[("model", model), ("source", source)],
+        )
+    };
+    let usd = |picos: u128| picos as f64 / 1e12;
+    assert!(
+        (cost("upstream") - usd(one)).abs() < 1e-12,
+        "{} vs {}; {context}",
+        cost("upstream"),
+        usd(one)
+    );
+    assert!(
+        (cost("saved") - usd(u128::from(saved) * one)).abs() < 1e-9,
+        "{} vs {}; {context}",
+        cost("saved"),
+        usd(u128::from(saved) * one)
+    );
+    let tokens = |kind, source| {
+        crate::metrics::sum(
+            &m,
+            "corral_tokens_total",
+            &[("model", model), ("kind", kind), ("source", source)],
+        )
+    };
+    let saved = saved as f64;
+    assert_eq!(
+        tokens("input", "upstream"),
+        (prompt - cached) as f64,
+        "{context}"
+    );
+    assert_eq!(
+        tokens("cached_input", "upstream"),
+        cached as f64,
+        "{context}"
+    );
+    assert_eq!(tokens("output", "upstream"), output as f64, "{context}");
+    assert_eq!(
+        tokens("reasoning", "upstream"),
+        thoughts as f64,
+        "{context}"
+    );
+    assert_eq!(
+        tokens("cached_input", "saved"),
+        saved * cached as f64,
+        "{context}"
+    );
+    assert_eq!(
+        tokens("reasoning", "saved"),
+        saved * thoughts as f64,
+        "{context}"
+    );
+}
+
+/// The same herds split over two instances sharing a Redis: one upstream
+/// call for the non-stream herd and one upstream stream for the streamed
+/// herd, every caller on either instance with the same text. The caller's
+/// key is then nowhere in Redis, `/metrics` or `/stats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn googles_sdk_callers_on_two_instances_share_one_call() {
+    let _sdk = Python::with_google_genai().await;
+    let redis = crate::redis_server::RedisServer::spawn().await;
+    let url = redis.url();
+    let fleet = crate::harness::Fleet::start(2, |config| {
+        with_gemini(config);
+        config.redis = Some(crate::harness::redis_at(&url));
+    })
+    .await;
+    let phase = |phase: &'static str| {
+        let urls: Vec<String> = fleet.instances.iter().map(|i| i.url.clone()).collect();
+        urls.into_iter()
+            .map(|url| {
+                tokio::spawn(async move {
+                    Python::with_google_genai()
+                        .await
+                        .run_script_with("gemini_herd.py", &url, &[phase])
+                        .await
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let checked = |runs: Vec<(Value, String)>| {
+        let context = format!("{runs:?}");
+        for (results, _) in &runs {
+            assert_eq!(results["failures"], json!([]), "{context}");
+        }
+        let results: Vec<Value> = runs.into_iter().map(|(results, _)| results).collect();
+        (results, context)
+    };
+    let gemini_calls = || {
+        fleet
+            .provider
+            .received()
+            .iter()
+            .filter(|line| {
+                line.contains(":generateContent") || line.contains(":streamGenerateContent")
+            })
+            .count()
+    };
+    let all = |tasks: Vec<tokio::task::JoinHandle<(Value, String)>>| async move {
+        let mut runs = Vec::new();
+        for task in tasks {
+            runs.push(task.await.expect("the script task ends"));
+        }
+        runs
+    };
+
+    let tasks = fleet.held_for_one_call(200, || phase("herd")).await;
+    let (results, context) = checked(all(tasks).await);
+    assert_eq!(gemini_calls(), 1, "{context}");
+    let misses: u64 = results
+        .iter()
+        .map(|r| r["herd_misses"].as_u64().unwrap())
+        .sum();
+    assert_eq!(misses, 1, "{context}");
+    assert_eq!(
+        results[0]["herd_text"], results[1]["herd_text"],
+        "{context}"
+    );
+    for r in &results {
+        assert_eq!(r["herd_texts"], 1, "{context}");
+        assert_eq!(r["repeat_cache"], "HIT", "{context}");
+    }
+
+    let tasks = fleet.held_for_one_call(200, || phase("stream")).await;
+    let (results, context) = checked(all(tasks).await);
+    assert_eq!(
+        gemini_calls(),
+        2,
+        "one upstream stream for both instances; {context}"
+    );
+    assert_eq!(
+        results[0]["stream_text"], results[1]["stream_text"],
+        "{context}"
+    );
+    for r in &results {
+        assert_eq!(r["stream_texts"], 1, "{context}");
+        assert_eq!(r["stream_errors"], json!([]), "{context}");
+        assert_eq!(r["after_stream_cache"], "HIT", "{context}");
+    }
+
+    // The key reached the provider, and nothing of it is kept in clear.
+    assert!(
+        keys_seen(&fleet.instances[0])
+            .0
+            .iter()
+            .all(|key| key == KEY)
+    );
+    for (name, value) in redis.dump().await {
+        let value = String::from_utf8_lossy(&value);
+        assert!(
+            !name.contains("GEMINICANARY") && !value.contains("GEMINICANARY"),
+            "the key is in Redis under {name}"
+        );
+    }
+    for instance in &fleet.instances {
+        for report in ["/metrics", "/stats"] {
+            let body = instance.get(report).await.body;
+            assert!(
+                !String::from_utf8_lossy(&body).contains("GEMINICANARY"),
+                "the key is on {report}"
+            );
+        }
+    }
+}
+
+/// Gemini's embeddings by the item: `embed_content` of 10 contents sends
+/// 10 upstream; 10 of which 9 were embedded send 1. An `embedContent` of one
+/// of them is then answered from its entry, in that method's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn googles_sdk_embeddings_send_only_the_contents_nobody_embedded() {
+    let python = Python::with_google_genai().await;
+    let gateway = TestGateway::start(with_gemini).await;
+    let (results, stderr) = python
+        .run_script_with("gemini_herd.py", &gateway.url, &["embed"])
+        .await;
+    let context = format!("results: {results}\nstderr: {stderr}");
+    assert_eq!(results["failures"], json!([]), "{context}");
+    assert_eq!(results["embed_counts"], json!([10, 10]), "{context}");
+    assert_eq!(
+        gateway.provider.embedded_inputs(),
+        11,
+        "10, then only the new one; {context}"
+    );
+    assert!(
+        gateway
+            .provider
+            .received()
+            .iter()
+            .all(|line| line == "POST /v1beta/models/gemini-embedding-001:batchEmbedContents"),
+        "{:?}",
+        gateway.provider.received()
+    );
+
+    let one = gateway
+        .post_with(
+            // The version the SDK used: a version is keyed.
+            "/v1/models/gemini-embedding-001:embedContent",
+            // The content as the SDK writes it in a batch (it adds the role).
+            &json!({"content": {"parts": [{"text": "document 3"}], "role": "user"}}),
+            &[("x-goog-api-key", KEY)],
+        )
+        .await;
+    assert_eq!(one.status, 200, "{:?}", one.body);
+    assert_eq!(one.cache(), "HIT", "shared with the batch's item");
+    assert!(
+        one.json()["embedding"]["values"]
+            .as_array()
+            .is_some_and(|v| !v.is_empty()),
+        "{:?}",
+        one.body
+    );
+    assert_eq!(gateway.provider.embedded_inputs(), 11);
 }

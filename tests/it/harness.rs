@@ -384,9 +384,19 @@ impl Fleet {
     /// read the owner's stored answer in its double-check and serve it as a
     /// HIT, which the herd's counts do not expect.
     pub async fn herd_on_one_call(&self, path: &str, body: &Value, n: usize) -> Vec<Reply> {
+        let tasks = self
+            .held_for_one_call(n, || self.spread(path, &[(body.clone(), n)]))
+            .await;
+        collect(tasks).await
+    }
+
+    /// Starts `callers` with the provider held, and lets go once `n`
+    /// callers wait, the upstream call has begun and every other instance's
+    /// flight is parked on it (as [`herd_on_one_call`](Self::herd_on_one_call)).
+    pub async fn held_for_one_call<T>(&self, n: usize, callers: impl FnOnce() -> T) -> T {
         let calls = self.provider.calls();
         self.provider.hold();
-        let tasks = self.spread(path, &[(body.clone(), n)]);
+        let tasks = callers();
         self.wait_for_waiters(n).await;
         assert!(
             self.provider.wait_for_calls(calls + 1, WAIT).await,
@@ -415,7 +425,7 @@ impl Fleet {
             "the other instances' flights never parked"
         );
         self.provider.release();
-        collect(tasks).await
+        tasks
     }
 
     /// Callers waiting on flights, over every instance.

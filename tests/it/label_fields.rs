@@ -20,7 +20,7 @@ fn delivery(endpoint: Endpoint) -> &'static [&'static str] {
     match endpoint {
         Endpoint::Messages => &["stream"],
         // The method says whether a call streams; the body has no delivery field.
-        Endpoint::GenerateContent => &[],
+        Endpoint::GenerateContent | Endpoint::EmbedContent => &[],
         _ => &["stream", "stream_options"],
     }
 }
@@ -43,7 +43,7 @@ fn labels(endpoint: Endpoint) -> &'static [&'static str] {
             "client_metadata",
         ],
         Endpoint::Messages => &["metadata"],
-        Endpoint::GenerateContent => &[],
+        Endpoint::GenerateContent | Endpoint::EmbedContent => &[],
     }
 }
 
@@ -107,6 +107,7 @@ fn conversation(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::Responses => "input",
         Endpoint::GenerateContent => "contents",
+        Endpoint::EmbedContent => "requests",
         _ => "messages",
     }
 }

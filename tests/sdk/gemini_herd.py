@@ -13,6 +13,7 @@ herd overlaps by construction, not by luck) and counts the upstream calls:
 - cut:     100 concurrent streams of a new prompt whose upstream stream is cut: each must end in
            the SDK's own error.
 - keys:    one prompt with one key, then with another (the `?key=` form is the Rust test's own).
+- embed:   `embed_content` of 10 contents, then of 10 of which 9 are the same.
 
 Prints one JSON line of what the SDK saw and exits non-zero if a check failed.
 """
@@ -36,6 +37,12 @@ def client(root, key=KEY):
 
 
 CONFIG = types.GenerateContentConfig(temperature=0)
+# The herd's prompt thinks and reads cached content: its usage has every kind corral bills.
+HERD_CONFIG = types.GenerateContentConfig(
+    temperature=0,
+    thinking_config=types.ThinkingConfig(thinking_budget=64),
+    cached_content="cachedContents/corral-herd",
+)
 
 
 def cache_of(response):
@@ -45,8 +52,8 @@ def cache_of(response):
     return {name.lower(): value for name, value in headers.items()}.get("x-corral-cache")
 
 
-async def generate(client, text):
-    response = await client.aio.models.generate_content(model=MODEL, contents=text, config=CONFIG)
+async def generate(client, text, config=CONFIG):
+    response = await client.aio.models.generate_content(model=MODEL, contents=text, config=config)
     return cache_of(response), response.text, response.usage_metadata
 
 
@@ -72,15 +79,18 @@ async def main(root, phase):
     main_client = client(root)
 
     async def herd(check):
-        calls = await asyncio.gather(*(generate(main_client, "What is a corral?") for _ in range(100)))
+        calls = await asyncio.gather(
+            *(generate(main_client, "What is a corral?", HERD_CONFIG) for _ in range(100))
+        )
         results["herd_texts"] = len({text for _, text, _ in calls})
         results["herd_misses"] = sum(1 for cache, _, _ in calls if cache == "MISS")
         results["herd_statuses"] = sorted({cache or "-" for cache, _, _ in calls})
+        results["herd_text"] = calls[0][1]
         check(all(text for _, text, _ in calls), "every caller got text")
-        cache, text, usage = await generate(main_client, "What is a corral?")
+        cache, text, usage = await generate(main_client, "What is a corral?", HERD_CONFIG)
         results["repeat_cache"] = cache
         check(text == calls[0][1], "the repeat is the same answer")
-        results["prompt_tokens"] = usage.prompt_token_count
+        results["usage"] = usage.model_dump(exclude_none=True, mode="json")
 
     async def streams(check):
         calls = await asyncio.gather(*(stream(main_client, "Tell me about herds.") for _ in range(100)))
@@ -88,6 +98,7 @@ async def main(root, phase):
         results["stream_misses"] = sum(1 for cache, _, _, _ in calls if cache == "MISS")
         results["stream_errors"] = sorted({error for _, _, _, error in calls if error})
         results["stream_finish"] = sorted({finish or "-" for _, _, finish, _ in calls})
+        results["stream_text"] = calls[0][1]
         check(all(text for _, text, _, _ in calls), "every stream had text")
         cache, text, _ = await generate(main_client, "Tell me about herds.")
         results["after_stream_cache"] = cache
@@ -113,7 +124,21 @@ async def main(root, phase):
         other = await generate(client(root, key=OTHER_KEY), "Whose answer is this?")
         results["keys"] = [first[0], other[0]]
 
-    bodies = {"herd": herd, "stream": streams, "mixed": mixed, "cut": cut, "keys": keys}
+    async def embed(check):
+        model = "gemini-embedding-001"
+        texts = [f"document {i}" for i in range(10)]
+        first = await main_client.aio.models.embed_content(model=model, contents=texts)
+        # Nine of the ten already embedded, one new.
+        second_texts = texts[:9] + ["a new document"]
+        second = await main_client.aio.models.embed_content(model=model, contents=second_texts)
+        first_values = [e.values for e in first.embeddings]
+        second_values = [e.values for e in second.embeddings]
+        results["embed_counts"] = [len(first_values), len(second_values)]
+        check(first_values[:9] == second_values[:9], "the nine shared contents have the same vectors")
+        check(second_values[9] not in first_values, "the new content has its own vector")
+        check(all(values for values in second_values), "every content has a vector")
+
+    bodies = {"herd": herd, "stream": streams, "mixed": mixed, "cut": cut, "keys": keys, "embed": embed}
     return await run_phase(phase, results, bodies[phase])
 
 

@@ -3,9 +3,12 @@
 //! has embedded yet, in one call, and the caller gets every vector back in
 //! its order and its `encoding_format`.
 //!
-//! `wire.rs` knows the format (items, upstream bodies, answers, encodings);
-//! the coalescer's batch flights (`coalesce/batch.rs`) know only keys and bytes.
+//! Each API's item format is an [`Items`]: `wire.rs` knows OpenAI's
+//! (items, upstream bodies, answers, encodings), `gemini.rs` Gemini's
+//! `embedContent` and `batchEmbedContents`; the coalescer's batch flights
+//! (`coalesce/batch.rs`) know only keys and bytes.
 
+mod gemini;
 pub mod wire;
 
 use std::sync::Arc;
@@ -32,7 +35,70 @@ use crate::{
     upstream::Outbound,
     usage::Usage,
 };
-use wire::ItemizedRequest;
+use gemini::GeminiItems;
+use wire::{ItemizedRequest, SplitAnswer};
+
+/// A batch request taken apart into its distinct items, in its API's wire
+/// format: what each item is keyed by, the upstream call for any subset of
+/// them, the provider's answer split back into one stored body per item,
+/// and the caller's answer put together from stored bodies.
+trait Items: Send + Sync + std::fmt::Debug {
+    /// Distinct items.
+    fn len(&self) -> usize;
+    /// What item `item`'s fingerprint is computed from.
+    fn item_key_body(&self, item: usize) -> Vec<u8>;
+    /// The path an items call goes to, when not the request's own.
+    fn upstream_path(&self) -> Option<String> {
+        None
+    }
+    /// The upstream body asking for `items`, in that order.
+    fn upstream_body(&self, items: &[usize]) -> Bytes;
+    /// The tokens item `item` costs, where the request itself says.
+    fn known_tokens(&self, item: usize) -> Option<u64>;
+    /// The provider's answer to `expected` items, one stored body each.
+    fn split_answer(&self, body: &[u8], expected: usize) -> Result<SplitAnswer, String>;
+    /// The caller's answer from the stored bodies of its distinct items.
+    fn assemble(&self, items: &[&[u8]], model: &str, billed: Usage) -> Result<Bytes, String>;
+}
+
+impl Items for ItemizedRequest {
+    fn len(&self) -> usize {
+        ItemizedRequest::len(self)
+    }
+
+    fn item_key_body(&self, item: usize) -> Vec<u8> {
+        ItemizedRequest::item_key_body(self, item)
+    }
+
+    fn upstream_body(&self, items: &[usize]) -> Bytes {
+        ItemizedRequest::upstream_body(self, items)
+    }
+
+    fn known_tokens(&self, item: usize) -> Option<u64> {
+        ItemizedRequest::known_tokens(self, item)
+    }
+
+    fn split_answer(&self, body: &[u8], expected: usize) -> Result<SplitAnswer, String> {
+        wire::split_answer(body, expected)
+    }
+
+    fn assemble(&self, items: &[&[u8]], model: &str, billed: Usage) -> Result<Bytes, String> {
+        wire::assemble(self.format, &self.slots, items, model, billed)
+    }
+}
+
+/// The request's items, in its endpoint's format.
+fn items_of(dedup: &Dedup, request: &DedupRequest) -> Result<Arc<dyn Items>, GatewayError> {
+    Ok(match request.endpoint {
+        Endpoint::EmbedContent => Arc::new(GeminiItems::parse(
+            &request.body,
+            request.method,
+            &request.model,
+            dedup.item_limits,
+        )?),
+        _ => Arc::new(ItemizedRequest::parse(&request.body, dedup.item_limits)?),
+    })
+}
 
 /// How many of a batch's inputs were served which way.
 pub const ITEMS_HEADER: &str = "x-corral-items";
@@ -91,15 +157,14 @@ async fn itemized(
     outbound: Outbound,
     bill: Attribution,
 ) -> Result<EmbeddingsAnswer, Arc<GatewayError>> {
-    let itemized =
-        Arc::new(ItemizedRequest::parse(&request.body, dedup.item_limits).map_err(Arc::new)?);
+    let itemized = items_of(dedup, request).map_err(Arc::new)?;
     let upstream = &dedup.upstream_keys[request.upstream];
     let keys: Arc<[CacheKey]> = (0..itemized.len())
         .map(|item| {
             let key = CacheKey {
                 scope: request.scope.clone(),
                 fingerprint: Fingerprint::of(&KeyInput {
-                    endpoint: Endpoint::Embeddings,
+                    endpoint: request.endpoint,
                     upstream,
                     scope: &request.scope,
                     headers: &request.keyed_headers,
@@ -133,18 +198,13 @@ async fn itemized(
         .map(|item| item.response.body.as_ref())
         .collect();
     let billed_usage = billed.map(|billed| billed.usage).unwrap_or_default();
-    let body = wire::assemble(
-        itemized.format,
-        &itemized.slots,
-        &bodies,
-        &request.model,
-        billed_usage,
-    )
-    .map_err(|reason| {
-        Arc::new(GatewayError::Internal(anyhow::anyhow!(
-            "assembling embeddings: {reason}"
-        )))
-    })?;
+    let body = itemized
+        .assemble(&bodies, &request.model, billed_usage)
+        .map_err(|reason| {
+            Arc::new(GatewayError::Internal(anyhow::anyhow!(
+                "assembling embeddings: {reason}"
+            )))
+        })?;
     tracing::debug!(
         hit = counts.hit,
         stale = counts.stale,
@@ -166,7 +226,7 @@ async fn itemized(
 /// vector per item, or refused whole.
 fn batch_loader(
     dedup: Arc<Dedup>,
-    itemized: Arc<ItemizedRequest>,
+    itemized: Arc<dyn Items>,
     outbound: Outbound,
     bill: Attribution,
 ) -> BatchLoader {
@@ -181,9 +241,12 @@ fn batch_loader(
         Box::pin(async move {
             let mut call = (*outbound).clone();
             call.body = itemized.upstream_body(&items);
+            if let Some(path) = itemized.upstream_path() {
+                call.path = path.into();
+            }
             dedup.may_call_upstream(&bill).await?;
             let buffered = dedup.upstream.call_buffered(&call, &bill.model).await?;
-            let answer = wire::split_answer(&buffered.body, items.len());
+            let answer = itemized.split_answer(&buffered.body, items.len());
             let usage = match &answer {
                 Ok(split) => split.usage,
                 Err(_) => Usage::from_body(&buffered.body),
