@@ -16,6 +16,7 @@ use crate::{
         Endpoint, Fingerprint, IdempotencyKey, KeyInput, LabelFields, Normalization,
         canonical_body_with,
     },
+    sse::Framing,
     tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
@@ -214,6 +215,8 @@ pub struct DedupRequest {
     pub retry: RetryMarks,
     /// The method the path named (Gemini's), when it named one.
     pub method: Option<GeminiMethod>,
+    /// How the caller receives a stream (events, or Gemini's JSON array).
+    pub framing: Framing,
     /// The caller's own values of the label fields its answer echoes.
     pub echo: Option<Arc<Echo>>,
 }
@@ -301,6 +304,7 @@ impl DedupRequest {
         // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever
         // header. A Gemini request's key (`x-goog-api-key` or `?key=`) goes
         // upstream as itself, and the query keeps no key.
+        let framing = wire.stream_framing(query);
         let (authorization, gemini_key, query) = if wire.api() == Api::Gemini {
             let (key, rest) = auth::gemini_key(headers, query)?;
             (key.clone(), key, rest)
@@ -437,6 +441,7 @@ impl DedupRequest {
             retry,
             echo,
             method: call.map(|call| call.method),
+            framing,
         })
     }
 }

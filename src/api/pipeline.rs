@@ -112,13 +112,10 @@ where
         // The URI is shared bytes: keeping it for the access line copies nothing.
         let uri = request.uri().clone();
         let path = uri.path();
-        // Gemini's generateContent names its model and method in the path.
-        // A stream framed as a JSON array (no `alt=sse`) is relayed as it
-        // came: the shared log holds events.
+        // Gemini's deduplicated methods name their model in the path.
         let gemini_call = (method == Method::POST)
             .then(|| GeminiCall::of_path(path))
-            .flatten()
-            .filter(|call| !call.stream() || asks_for_events(uri.query()));
+            .flatten();
         let endpoint = match &gemini_call {
             Some(call) => Some(call.method.endpoint()),
             None => endpoint_of(path),
@@ -343,15 +340,6 @@ fn endpoint_of(path: &str) -> Option<Endpoint> {
         .into_iter()
         .filter(|endpoint| endpoint.path() != "/models")
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
-}
-
-/// Whether a Gemini stream asks for server-sent events (`alt=sse`), not a
-/// JSON array.
-fn asks_for_events(query: Option<&str>) -> bool {
-    query
-        .unwrap_or_default()
-        .split('&')
-        .any(|pair| pair == "alt=sse")
 }
 
 /// A request past admission: its head, its whole body, its places among the

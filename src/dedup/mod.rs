@@ -39,6 +39,7 @@ use crate::{
     metrics::Attribution,
     request::DedupRequest,
     retry_window::Retained,
+    sse::Framing,
     tenant::TenantScope,
     upstream::Outbound,
     wire::{self, GeminiCall},
@@ -278,6 +279,16 @@ impl Dedup {
     }
 }
 
+/// `query` with the wire's stream query (Gemini's `alt=sse`) added.
+fn add_stream_query(query: &mut Option<String>, wire: &dyn wire::Wire) {
+    if let Some(framing) = wire.stream_query() {
+        *query = Some(match query.take() {
+            Some(query) => format!("{query}&{framing}"),
+            None => framing.to_owned(),
+        });
+    }
+}
+
 /// A request as it came, kept for the upstream call of a request the memo
 /// answered: parsed only if that call runs.
 #[derive(Debug)]
@@ -310,13 +321,10 @@ impl RawRequest {
 fn outbound_of(request: &mut DedupRequest) -> Outbound {
     let wire = request.wire;
     let mut query = request.query.take();
-    if request.stream
-        && let Some(framing) = wire.stream_query()
-    {
-        query = Some(match query {
-            Some(query) => format!("{query}&{framing}"),
-            None => framing.to_owned(),
-        });
+    // A stream goes upstream in the caller's framing: what a `no-store`
+    // caller is relayed as it came (a shared stream asks for events itself).
+    if request.stream && request.framing == Framing::Events {
+        add_stream_query(&mut query, wire);
     }
     Outbound {
         upstream: request.upstream,

@@ -27,7 +27,7 @@ use crate::{
     error::GatewayError,
     metrics::{Attribution, Metrics},
     request::DedupRequest,
-    sse::{self, StreamLog},
+    sse::{self, Framing, StreamLog},
     upstream::Outbound,
 };
 
@@ -46,6 +46,11 @@ pub(super) async fn serve(
     let upstream_request = wire.stream_request(&request.body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
+    // The log holds events: a caller framed otherwise still shares an
+    // events stream (`outbound_of` asked for the caller's own framing).
+    if request.framing != Framing::Events {
+        super::add_stream_query(&mut outbound.query, wire);
+    }
     // A follower of a live stream: its saving is counted once it has been served.
     let mut live_saving = None;
     let retained_events = retained.as_ref().map(|retained| retained.events.clone());
@@ -126,11 +131,15 @@ pub(super) async fn serve(
             })
         })
         .chain(count_live_saving(dedup.metrics.clone(), live_saving, bill));
-    let mut response = (StatusCode::OK, Body::from_stream(events)).into_response();
+    let body = match request.framing {
+        Framing::Events => Body::from_stream(events),
+        Framing::JsonArray => Body::from_stream(sse::as_json_array(events)),
+    };
+    let mut response = (StatusCode::OK, body).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
+        HeaderValue::from_static(request.framing.content_type()),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     set_status_headers(headers, &request, status, stored, age);

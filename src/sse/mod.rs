@@ -23,6 +23,7 @@
 //! a UTF-8 byte-order mark and buffers without bound past invalid UTF-8.
 
 mod format;
+mod framing;
 mod log;
 mod packed;
 mod relay;
@@ -32,6 +33,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub use format::{Format, Frame, StreamFormat, read_named};
+pub use framing::{Framing, as_json_array};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{
     BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,

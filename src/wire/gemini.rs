@@ -46,7 +46,8 @@ use crate::{
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
     sse::{
-        CallerUsage, Format, Frame, StreamFormat, UpstreamStreamRequest, data_event, event_json,
+        CallerUsage, Format, Frame, Framing, StreamFormat, UpstreamStreamRequest, data_event,
+        event_json,
     },
     usage::Usage,
     validate::{self, InputLimits},
@@ -229,6 +230,20 @@ impl Wire for GeminiWire {
 
     fn stream_query(&self) -> Option<&'static str> {
         Some("alt=sse")
+    }
+
+    /// Events with `alt=sse` (what the SDKs send); without, Google streams
+    /// one JSON array.
+    fn stream_framing(&self, query: Option<&str>) -> Framing {
+        let events = query
+            .unwrap_or_default()
+            .split('&')
+            .any(|pair| pair == "alt=sse");
+        if events {
+            Framing::Events
+        } else {
+            Framing::JsonArray
+        }
     }
 
     fn stream_format(&self) -> Format {

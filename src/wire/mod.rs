@@ -29,7 +29,7 @@ use crate::{
     config::Api,
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
-    sse::{Format, UpstreamStreamRequest},
+    sse::{Format, Framing, UpstreamStreamRequest},
     usage::Usage,
     validate::InputLimits,
 };
@@ -123,6 +123,12 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
     /// not a JSON array).
     fn stream_query(&self) -> Option<&'static str> {
         None
+    }
+
+    /// How a caller whose query is `query` receives a stream: events, or
+    /// (Gemini without `alt=sse`) one JSON array.
+    fn stream_framing(&self, _query: Option<&str>) -> Framing {
+        Framing::Events
     }
 
     /// The API's stream events: completing, failing and error events.

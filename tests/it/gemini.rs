@@ -835,3 +835,164 @@ async fn googles_sdk_embeddings_send_only_the_contents_nobody_embedded() {
     );
     assert_eq!(gateway.provider.embedded_inputs(), 11);
 }
+
+/// The caller's Gemini key is its tenant in either place: a key in
+/// `x-goog-api-key` and another in `?key=` are two tenants and two calls;
+/// the first key sent as `?key=` is the first tenant again (a `HIT`). The
+/// real binary, logging at debug, never writes either key, whether the
+/// request was answered, streamed, embedded, relayed or refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_key_is_one_tenant_in_either_place_and_never_logged() {
+    let provider = mock_upstream::MockProvider::start(mock_upstream::MockSettings::default())
+        .await
+        .expect("mock provider starts");
+    let yaml = "listen: 127.0.0.1:0\nupstreams:\n  - name: gemini\n    api: gemini\n    \
+                base_url: http://127.0.0.1:1/v1beta\n    models: [\"gemini-*\"]\ncache:\n  ttl_jitter: 0\n";
+    let base = format!("{}beta", provider.base_url().trim_end_matches('/'));
+    let corral = crate::logs::Corral::start_with(
+        yaml,
+        &provider,
+        &[("CORRAL_UPSTREAM_BASE_URL", base.as_str())],
+    )
+    .await;
+    const OTHER: &str = "AIza-OTHERCANARY-99c2";
+    let client = reqwest::Client::new();
+    let post = |path: String, key: Option<&str>, body: Value| {
+        let mut request = client
+            .post(format!("{}{path}", corral.url))
+            .timeout(crate::harness::WAIT)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(key) = key {
+            request = request.header("x-goog-api-key", key);
+        }
+        async move {
+            let response = request.send().await.expect("corral answers");
+            let status = response.status().as_u16();
+            let cache = response
+                .headers()
+                .get("x-corral-cache")
+                .map(|value| value.to_str().unwrap().to_owned());
+            let body = response.bytes().await.unwrap();
+            (status, cache, body)
+        }
+    };
+    let question = prompt("whose tenant am I?");
+    let (status, cache, _) = post(GENERATE.to_owned(), Some(KEY), question.clone()).await;
+    assert_eq!((status, cache.as_deref()), (200, Some("MISS")));
+    let (status, cache, _) = post(format!("{GENERATE}?key={OTHER}"), None, question.clone()).await;
+    assert_eq!(
+        (status, cache.as_deref()),
+        (200, Some("MISS")),
+        "another key, another tenant"
+    );
+    let (status, cache, _) = post(format!("{GENERATE}?key={KEY}"), None, question.clone()).await;
+    assert_eq!(
+        (status, cache.as_deref()),
+        (200, Some("HIT")),
+        "the same key in the query"
+    );
+    assert_eq!(provider.calls(), 2);
+
+    // Every other way a key comes through: a stream, an embedding, a relayed
+    // count, a refused body, two different keys at once.
+    let (status, _, body) = post(format!("{STREAM}&key={KEY}"), None, prompt("a stream")).await;
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("finishReason"));
+    let embed = json!({"content": {"parts": [{"text": "embed me"}]}});
+    let (status, _, _) = post(
+        format!("/v1beta/models/gemini-embedding-001:embedContent?key={KEY}"),
+        None,
+        embed,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = post(
+        format!("/v1beta/models/gemini-2.5-flash:countTokens?key={KEY}"),
+        None,
+        prompt("count me"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, body) = post(
+        format!("{GENERATE}?key={KEY}"),
+        Some(OTHER),
+        prompt("two keys"),
+    )
+    .await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let response = client
+        .post(format!("{}{GENERATE}?key={KEY}", corral.url))
+        .timeout(crate::harness::WAIT)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+
+    let logs = corral.logs().await;
+    assert!(
+        logs.contains("upstream call"),
+        "the debug log has the calls:\n{logs}"
+    );
+    for secret in [KEY, OTHER, "GEMINICANARY", "OTHERCANARY"] {
+        assert!(!logs.contains(secret), "`{secret}` is in the log:\n{logs}");
+    }
+}
+
+/// A `streamGenerateContent` without `alt=sse` is streamed as Google
+/// streams it, one JSON array of the chunks, and shares its call with an
+/// `alt=sse` caller of the same request: both hold the same chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_array_stream_shares_the_call_of_an_event_stream() {
+    let gateway = TestGateway::start(with_gemini).await;
+    let body = prompt("framed two ways");
+    let array_path = "/v1beta/models/gemini-2.5-flash:streamGenerateContent";
+    gateway.provider.hold();
+    let array = {
+        let handle = gateway.clone_handle();
+        let body = body.clone();
+        tokio::spawn(async move {
+            handle
+                .post_with(array_path, &body, &[("x-goog-api-key", KEY)])
+                .await
+        })
+    };
+    let events = {
+        let handle = gateway.clone_handle();
+        let body = body.clone();
+        tokio::spawn(async move {
+            handle
+                .post_with(STREAM, &body, &[("x-goog-api-key", KEY)])
+                .await
+        })
+    };
+    gateway.wait_for_waiters(2).await;
+    gateway.provider.release();
+    let (array, events) = (array.await.unwrap(), events.await.unwrap());
+    assert_eq!(
+        gateway.provider.calls(),
+        1,
+        "one upstream call for both framings"
+    );
+    assert_eq!(
+        gateway.provider.received(),
+        ["POST /v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"]
+    );
+    assert_eq!(
+        array.header("content-type"),
+        Some("application/json; charset=UTF-8")
+    );
+    let chunks: Vec<Value> = serde_json::from_slice(&array.body).expect("one JSON array");
+    let sse: Vec<Value> = String::from_utf8_lossy(&events.body)
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert!(chunks.len() > 1, "{chunks:?}");
+    assert_eq!(chunks, sse, "the same chunks, framed two ways");
+    assert_eq!(
+        chunks.last().unwrap()["candidates"][0]["finishReason"],
+        "STOP"
+    );
+}

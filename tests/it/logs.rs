@@ -21,9 +21,9 @@ const PROVIDER_KEY: &str = "sk-provider-LOGCANARY-8c03b5e1aa";
 const PROMPT: &str = "purple elephants negotiate the LOGCANARY treaty at dawn";
 
 /// A running `corral` binary and everything it wrote to stderr.
-struct Corral {
+pub(crate) struct Corral {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     stderr: JoinHandle<String>,
     _dir: tempfile::TempDir,
 }
@@ -32,14 +32,25 @@ impl Corral {
     /// Starts the binary with a config file and `CORRAL_*` overrides, and waits
     /// for the line it prints once it listens.
     async fn start(provider: &MockProvider, env: &[(&str, &str)]) -> Self {
+        Self::start_with(
+            "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: http://127.0.0.1:1/v1\ncache:\n  ttl_jitter: 0\n",
+            provider,
+            env,
+        )
+        .await
+    }
+
+    /// As [`start`](Self::start), with a config file of `yaml` (whose first
+    /// upstream's URL the environment sets: the mock's, unless `env` says).
+    pub(crate) async fn start_with(
+        yaml: &str,
+        provider: &MockProvider,
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("corral.yaml");
         // The upstream URL comes from the environment, like a deployment's would.
-        std::fs::write(
-            &config,
-            "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: http://127.0.0.1:1/v1\ncache:\n  ttl_jitter: 0\n",
-        )
-        .unwrap();
+        std::fs::write(&config, yaml).unwrap();
         let mut child = command(&config, provider, env)
             .spawn()
             .expect("the corral binary starts");
@@ -86,7 +97,7 @@ impl Corral {
 
     /// Stops the process as an orchestrator does (SIGTERM: drain, then exit,
     /// writing the log lines still queued) and returns its whole stderr.
-    async fn logs(mut self) -> String {
+    pub(crate) async fn logs(mut self) -> String {
         let pid = self.child.id().expect("corral is running");
         let term = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
