@@ -9,8 +9,10 @@
 //! there, routed by the model its path names; the caller's key goes only
 //! there and only as `x-goog-api-key` (never in the URL), and not at all when
 //! corral has a key of its own for it. Without one, it is answered 404 in
-//! Gemini's error shape and sent nowhere. (Not deduplicated yet: relayed as
-//! it came, streams included.)
+//! Gemini's error shape and sent nowhere. The deduplicated methods
+//! (`generateContent`, `streamGenerateContent`, `embedContent`,
+//! `batchEmbedContents`) never come here: the pipeline hands them to
+//! `dedup` (`wire::GeminiCall`); everything else Gemini is relayed as it came.
 
 use axum::{
     http::{HeaderMap, Method},

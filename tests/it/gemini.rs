@@ -2,7 +2,11 @@
 //! model method, a Gemini key in `x-goog-api-key` or `?key=`) goes to an
 //! `api: gemini` upstream only, its key only as `x-goog-api-key`; without one
 //! it is answered 404 in Gemini's error shape and sent nowhere, so a Gemini
-//! key never reaches another provider. Google's own SDK is the client.
+//! key never reaches another provider. `generateContent`, its streams and the
+//! embedding methods are deduplicated like the other APIs: herds of Google's
+//! own SDK (the client throughout) are one upstream call on one instance and
+//! on two, the caller's key is its tenant and is kept nowhere, and the usage
+//! is billed kind by kind.
 
 use corral::config::{Api, Config, Secret};
 use serde_json::{Value, json};
@@ -268,8 +272,8 @@ async fn gemini_requests_go_to_the_gemini_upstream_with_the_key_in_its_header_on
 }
 
 /// `google-genai` against a corral with a Gemini upstream: `count_tokens`,
-/// `models.list` and `generate_content` reach it (relayed as they came, not
-/// deduplicated yet), each with the caller's key in `x-goog-api-key` only.
+/// `models.list` (relayed) and `generate_content` (deduplicated) reach it,
+/// each with the caller's key in `x-goog-api-key` only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn googles_sdk_reaches_the_gemini_upstream_through_corral() {
     let python = Python::with_google_genai().await;
