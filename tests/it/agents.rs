@@ -78,6 +78,38 @@ fn is_2xx(exchange: &Exchange) -> bool {
     (200..300).contains(&exchange.status)
 }
 
+/// A headless agent run that went well: every request it sent (`sent`
+/// summarizes `exchanges`) was answered 2xx, it exited 0, and it printed
+/// the provider's answer (`answer`).
+pub(crate) fn assert_run_answered(
+    client: &str,
+    exchanges: &[Exchange],
+    sent: &[String],
+    finished: &run::Finished,
+    answer: &str,
+    context: &str,
+) {
+    let refused: Vec<&String> = exchanges
+        .iter()
+        .zip(sent)
+        .filter(|(exchange, _)| !is_2xx(exchange))
+        .map(|(_, summary)| summary)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "every request {client} sent is answered 2xx; refused: {refused:#?}\n{context}"
+    );
+    assert!(
+        finished.status.success(),
+        "{client} exited {}; {context}",
+        finished.status
+    );
+    assert!(
+        finished.stdout.contains(answer),
+        "the mock's answer is printed; {context}"
+    );
+}
+
 /// The fields in which each body differs from the first, by JSON path, with the values of the
 /// first pair that differs there: what a keying change has to look at.
 fn differing_fields(bodies: &[Value]) -> String {
@@ -116,24 +148,13 @@ async fn claude_code_headless_completes_through_corral_and_every_request_is_answ
         finished.stdout, finished.stderr
     );
     eprintln!("claude -p sent: {}", describe(&exchanges));
-    let refused: Vec<&String> = exchanges
-        .iter()
-        .zip(&sent)
-        .filter(|(exchange, _)| !is_2xx(exchange))
-        .map(|(_, summary)| summary)
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "every request Claude Code sent is answered 2xx; refused: {refused:#?}\n{context}"
-    );
-    assert!(
-        finished.status.success(),
-        "claude exited {}; {context}",
-        finished.status
-    );
-    assert!(
-        finished.stdout.contains("mock reply to "),
-        "the mock's answer is printed; {context}"
+    assert_run_answered(
+        "Claude Code",
+        &exchanges,
+        &sent,
+        &finished,
+        "mock reply to ",
+        &context,
     );
     let messages = tap.to("/v1/messages");
     assert!(!messages.is_empty(), "{context}");

@@ -27,7 +27,7 @@ fn with_gemini(config: &mut Config) {
 
 /// The `x-goog-api-key` the mock saw on each Gemini call (`-` for none), and
 /// whether any carried `authorization` or a `key` in its query.
-fn keys_seen(gateway: &TestGateway) -> (Vec<String>, bool) {
+pub(crate) fn keys_seen(gateway: &TestGateway) -> (Vec<String>, bool) {
     let calls: Vec<_> = gateway
         .provider
         .requests()
@@ -55,6 +55,26 @@ fn keys_seen(gateway: &TestGateway) -> (Vec<String>, bool) {
 }
 
 const KEY: &str = "AIza-GEMINICANARY-7d1e";
+
+/// The generate calls (`generateContent`, `streamGenerateContent`) the
+/// provider received.
+fn generate_calls(provider: &mock_upstream::MockProvider) -> usize {
+    provider
+        .received()
+        .iter()
+        .filter(|line| line.contains(":generateContent") || line.contains(":streamGenerateContent"))
+        .count()
+}
+
+/// Every call the provider received was Gemini's (`/v1beta/`): nothing
+/// went to another upstream.
+pub(crate) fn assert_only_gemini_reached(provider: &mock_upstream::MockProvider) {
+    let received = provider.received();
+    assert!(
+        received.iter().all(|line| line.contains("/v1beta/")),
+        "a call went elsewhere: {received:?}"
+    );
+}
 
 async fn send(gateway: &TestGateway, method: &str, path: &str, key_header: bool) -> (u16, Value) {
     let mut request = gateway
@@ -305,15 +325,7 @@ async fn googles_sdk_reaches_the_gemini_upstream_through_corral() {
         "count_tokens and generate_content; {context}"
     );
     assert!(!leaked, "{context}");
-    assert!(
-        gateway
-            .provider
-            .received()
-            .iter()
-            .all(|line| line.contains("/v1beta/")),
-        "nothing went to the OpenAI upstream: {:?}",
-        gateway.provider.received()
-    );
+    assert_only_gemini_reached(&gateway.provider);
 }
 
 /// Behind gateway keys, a Google SDK user's key is its gateway key, in
@@ -369,16 +381,7 @@ async fn googles_sdk_callers_of_one_request_share_one_call() {
         assert_eq!(results["failures"], json!([]), "{context}");
         (results, context)
     };
-    let gemini_calls = |gateway: &TestGateway| {
-        gateway
-            .provider
-            .received()
-            .iter()
-            .filter(|line| {
-                line.contains(":generateContent") || line.contains(":streamGenerateContent")
-            })
-            .count()
-    };
+    let gemini_calls = |gateway: &TestGateway| generate_calls(&gateway.provider);
 
     let (results, context) = checked(gateway.held_for_waiters(100, || phase("herd")).await);
     assert_eq!(results["herd_texts"], 1, "{context}");
@@ -714,16 +717,7 @@ async fn googles_sdk_callers_on_two_instances_share_one_call() {
         let results: Vec<Value> = runs.into_iter().map(|(results, _)| results).collect();
         (results, context)
     };
-    let gemini_calls = || {
-        fleet
-            .provider
-            .received()
-            .iter()
-            .filter(|line| {
-                line.contains(":generateContent") || line.contains(":streamGenerateContent")
-            })
-            .count()
-    };
+    let gemini_calls = || generate_calls(&fleet.provider);
     let all = |tasks: Vec<tokio::task::JoinHandle<(Value, String)>>| async move {
         let mut runs = Vec::new();
         for task in tasks {

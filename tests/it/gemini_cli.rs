@@ -30,6 +30,7 @@ use serde_json::json;
 
 use crate::{
     agents::{
+        assert_run_answered,
         install::NodeClients,
         run::{clean_command, run},
         tap::{Exchange, Tap},
@@ -82,22 +83,10 @@ fn write_settings(home: &Path) {
         .expect("writing ~/.gemini/settings.json");
 }
 
-/// Whether corral answered the request with a success.
-fn is_2xx(exchange: &Exchange) -> bool {
-    (200..300).contains(&exchange.status)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_cli_headless_run_completes_through_corral() {
     let clients = NodeClients::get().await;
-    let gemini = clients
-        .modules()
-        .join("@google/gemini-cli/bundle/gemini.js");
-    assert!(
-        gemini.is_file(),
-        "{} is missing: is @google/gemini-cli in tests/agents/package.json?",
-        gemini.display()
-    );
+    let gemini = clients.gemini();
     let gateway = TestGateway::start(gemini_only).await;
     let tap = Tap::start(&gateway.url).await;
     let scratch = tempfile::tempdir().expect("a temporary directory");
@@ -127,24 +116,13 @@ async fn gemini_cli_headless_run_completes_through_corral() {
         finished.stderr
     );
     eprintln!("gemini -p sent: {sent:#?}");
-    let refused: Vec<&String> = exchanges
-        .iter()
-        .zip(&sent)
-        .filter(|(exchange, _)| !is_2xx(exchange))
-        .map(|(_, summary)| summary)
-        .collect();
-    assert!(
-        refused.is_empty(),
-        "every request the Gemini CLI sent is answered 2xx; refused: {refused:#?}\n{context}"
-    );
-    assert!(
-        finished.status.success(),
-        "gemini exited {}; {context}",
-        finished.status
-    );
-    assert!(
-        finished.stdout.contains("mock gemini answer"),
-        "the mock's answer is printed; {context}"
+    assert_run_answered(
+        "the Gemini CLI",
+        &exchanges,
+        &sent,
+        &finished,
+        "mock gemini answer",
+        &context,
     );
 
     // One turn, one stream: a second would be the CLI retrying a stream it found incomplete.
@@ -160,32 +138,12 @@ async fn gemini_cli_headless_run_completes_through_corral() {
         assert_eq!(exchange.header("x-goog-api-key"), Some(KEY), "{context}");
     }
     // The turn went upstream once, the caller's key in Gemini's header and nowhere else.
-    let upstream: Vec<_> = gateway
-        .provider
-        .requests()
-        .into_iter()
-        .filter(|request| request.path.starts_with("/v1beta/"))
-        .collect();
-    assert_eq!(upstream.len(), 1, "{context}");
-    for request in &upstream {
-        assert!(request.path.starts_with(&prefix), "{context}");
-        assert_eq!(request.header("x-goog-api-key"), Some(KEY), "{context}");
-        assert_eq!(request.header("authorization"), None, "{context}");
-        assert!(
-            !request
-                .query
-                .as_deref()
-                .unwrap_or_default()
-                .contains("key="),
-            "{context}"
-        );
-    }
-    assert!(
-        gateway
-            .provider
-            .received()
-            .iter()
-            .all(|line| line.contains("/v1beta/")),
-        "nothing went elsewhere; {context}"
+    let (keys, leaked) = crate::gemini::keys_seen(&gateway);
+    assert_eq!(
+        keys,
+        [KEY],
+        "one call, the key in x-goog-api-key; {context}"
     );
+    assert!(!leaked, "no authorization, no key in the query; {context}");
+    crate::gemini::assert_only_gemini_reached(&gateway.provider);
 }

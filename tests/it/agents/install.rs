@@ -22,7 +22,8 @@ use tokio::{
 
 use super::run::{Finished, run};
 
-/// `npm ci` downloads about 400 MB (two native agent binaries and Node itself); a slow registry
+/// `npm ci` installs about 1.1 GB (two native agent binaries, the Gemini CLI and its native
+/// modules, and Node itself); a slow registry
 /// must not hang the run, a merely slow one must not fail it.
 const NPM_INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
 /// pip installs some forty pinned wheels.
@@ -82,6 +83,11 @@ impl NodeClients {
         self.modules.join("@openai/codex/bin/codex.js")
     }
 
+    /// The Gemini CLI's bundled entry point, run by Node 22.
+    pub fn gemini(&self) -> PathBuf {
+        self.modules.join("@google/gemini-cli/bundle/gemini.js")
+    }
+
     /// Every client the tests run is there and starts: a cache from another platform (whose
     /// optional platform packages npm skipped) fails here, with a message, not mid-test.
     async fn check(&self) {
@@ -91,6 +97,11 @@ impl NodeClients {
         assert!(claude.contains("Claude Code"), "{claude}");
         let codex = version(&self.node(), &[self.codex().as_os_str()]).await;
         assert!(codex.starts_with("codex-cli"), "{codex}");
+        let gemini = version(&self.node(), &[self.gemini().as_os_str()]).await;
+        assert!(
+            gemini.trim().split('.').count() == 3,
+            "the Gemini CLI prints its version: {gemini}"
+        );
     }
 }
 
