@@ -67,11 +67,17 @@ impl Caller {
     /// which carries the same fields, and making the span was a tenth of a
     /// hit's CPU (BENCHMARKS.md).
     fn span(&self, endpoint: Endpoint) -> tracing::Span {
+        self.span_at(format_args!("/v1{}", endpoint.path()))
+    }
+
+    /// As [`span`](Self::span), for a request whose path says more than its
+    /// endpoint (Gemini's names its model and method).
+    fn span_at(&self, path: impl std::fmt::Display) -> tracing::Span {
         tracing::info_span!(
             "request",
             request_id = %self.request_id.to_str().unwrap_or_default(),
             method = %"POST",
-            path = %format_args!("/v1{}", endpoint.path()),
+            path = %path,
         )
     }
 }
@@ -171,7 +177,10 @@ impl Dedup {
         if let Some(derived) = seen.as_ref().and_then(|seen| self.memo.get(seen)) {
             return remembered::serve(self, &derived, &caller, raw).await;
         }
-        let span = caller.span(endpoint);
+        let span = match &raw.call {
+            Some(call) => caller.span_at(call.path()),
+            None => caller.span(endpoint),
+        };
         // Boxed: inline, its states (streams, embeddings, the retry window) would
         // make every request's future that large, hits included.
         Box::pin(self.clone().serve_parsed(raw, seen))

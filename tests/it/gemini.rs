@@ -994,3 +994,64 @@ async fn a_json_array_stream_shares_the_call_of_an_event_stream() {
         "STOP"
     );
 }
+
+/// Gemini's overload statuses are retried as Google asks (`Retry-After`),
+/// and a lasting one reaches the caller in Gemini's own shape, relayed as
+/// the provider sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn geminis_overload_is_retried_and_a_lasting_one_relayed_in_its_shape() {
+    let gateway = TestGateway::start(|config| {
+        with_gemini(config);
+        config.retry.max_attempts = 3;
+        config.retry.base_delay = std::time::Duration::from_millis(1);
+        config.retry.max_delay = std::time::Duration::from_millis(5);
+    })
+    .await;
+    let exhausted = |retry_after: &str| {
+        let mut script = mock_upstream::Scripted::json(
+            429,
+            json!({"error": {"code": 429, "message": "Resource has been exhausted",
+                             "status": "RESOURCE_EXHAUSTED"}})
+            .to_string(),
+        );
+        script
+            .headers
+            .push(("retry-after".into(), retry_after.into()));
+        script
+    };
+    for status in [429, 503] {
+        let script = match status {
+            429 => exhausted("0"),
+            _ => mock_upstream::Scripted::json(
+                503,
+                json!({"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}})
+                    .to_string(),
+            ),
+        };
+        gateway.provider.push_script(script);
+        let calls = gateway.provider.calls();
+        let reply = gateway
+            .post_with(
+                GENERATE,
+                &prompt(&format!("retried after {status}")),
+                &[("x-goog-api-key", KEY)],
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{status}: {:?}", reply.body);
+        assert_eq!(
+            gateway.provider.calls(),
+            calls + 2,
+            "one retry after {status}"
+        );
+    }
+    for _ in 0..3 {
+        gateway.provider.push_script(exhausted("0"));
+    }
+    let reply = gateway
+        .post_with(GENERATE, &prompt("exhausted"), &[("x-goog-api-key", KEY)])
+        .await;
+    assert_eq!(reply.status, 429);
+    let error = &reply.json()["error"];
+    assert_eq!(error["status"], "RESOURCE_EXHAUSTED", "{error}");
+    assert_eq!(error["code"], 429, "{error}");
+}
