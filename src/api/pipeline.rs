@@ -123,8 +123,12 @@ where
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
         // `/v1beta/` (relayed to a Gemini upstream by the pass-through).
         let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
-        // A refusal is answered in the shape the route's clients parse.
-        let shape = ErrorShape::for_path(path);
+        // A refusal is answered in the shape the route's clients parse
+        // (Gemini's for its methods under `/v1/` too, where its SDKs post).
+        let shape = match &gemini_call {
+            Some(_) => ErrorShape::Gemini,
+            None => ErrorShape::for_path(path),
+        };
         // The deduplicated endpoints' `POST`s go to their handler from here,
         // past the router and its boxing, with the body admission read. One
         // that carries a Gemini key goes to the pass-through, which sends it

@@ -349,6 +349,11 @@ async fn a_gateway_key_in_googles_places_is_the_callers_key() {
     let (status, body) = send(&gateway, "POST", &format!("{path}?key=AIza-unknown"), false).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
+    // Under `/v1/`, where the 3.x SDKs post, a refusal is Gemini's too.
+    let v1 = "/v1/models/gemini-2.5-flash:generateContent?key=AIza-unknown";
+    let (status, body) = send(&gateway, "POST", v1, false).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
     let (keys, leaked) = keys_seen(&gateway);
     assert_eq!(keys, ["AIza-corrals-own", "AIza-corrals-own"]);
     assert!(!leaked);
