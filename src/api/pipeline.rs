@@ -123,22 +123,24 @@ where
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
         // `/v1beta/` (relayed to a Gemini upstream by the pass-through).
         let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
+        // Whether the request speaks Gemini's native API (a Gemini path,
+        // method or key): such a request goes to a Gemini upstream or nowhere.
+        let native = gemini_call.is_some()
+            || (admitted && passthrough::gemini::is_native(path, request.headers(), uri.query()));
         // A refusal is answered in the shape the route's clients parse
-        // (Gemini's for its methods under `/v1/` too, where its SDKs post).
-        let shape = match &gemini_call {
-            Some(_) => ErrorShape::Gemini,
-            None => ErrorShape::for_path(path),
+        // (Gemini's for Gemini's requests, under `/v1/` too, where its SDKs post).
+        let shape = if native {
+            ErrorShape::Gemini
+        } else {
+            ErrorShape::for_path(path)
         };
         // The deduplicated endpoints' `POST`s go to their handler from here,
-        // past the router and its boxing, with the body admission read. One
-        // that carries a Gemini key goes to the pass-through, which sends it
-        // to a Gemini upstream or nowhere: a Gemini key never reaches another
-        // provider.
-        let direct = endpoint.filter(|_| {
-            method == Method::POST
-                && (gemini_call.is_some()
-                    || !passthrough::gemini::is_native(path, request.headers(), uri.query()))
-        });
+        // past the router and its boxing, with the body admission read (Gemini's
+        // own methods included). Any other that carries a Gemini key goes to
+        // the pass-through, which sends it to a Gemini upstream or nowhere: a
+        // Gemini key never reaches another provider.
+        let direct =
+            endpoint.filter(|_| method == Method::POST && (gemini_call.is_some() || !native));
         // Every other request runs in its `request` span; a deduplicated one
         // makes its span only when it does more than read the cache
         // (`dedup::Caller::span`). The path only: a query string may carry anything.

@@ -349,11 +349,18 @@ async fn a_gateway_key_in_googles_places_is_the_callers_key() {
     let (status, body) = send(&gateway, "POST", &format!("{path}?key=AIza-unknown"), false).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
-    // Under `/v1/`, where the 3.x SDKs post, a refusal is Gemini's too.
-    let v1 = "/v1/models/gemini-2.5-flash:generateContent?key=AIza-unknown";
-    let (status, body) = send(&gateway, "POST", v1, false).await;
-    assert_eq!(status, 401, "{body}");
-    assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{body}");
+    // Under `/v1/`, where the 3.x SDKs post, a refusal is Gemini's too: a
+    // deduplicated method, a relayed one, or any request with a Gemini key.
+    for v1 in [
+        "/v1/models/gemini-2.5-flash:generateContent?key=AIza-unknown",
+        "/v1/models/gemini-2.5-flash:countTokens?key=AIza-unknown",
+        "/v1/models?key=AIza-unknown",
+    ] {
+        let method = if v1.starts_with("/v1/models?") { "GET" } else { "POST" };
+        let (status, body) = send(&gateway, method, v1, false).await;
+        assert_eq!(status, 401, "{v1}: {body}");
+        assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{v1}: {body}");
+    }
     let (keys, leaked) = keys_seen(&gateway);
     assert_eq!(keys, ["AIza-corrals-own", "AIza-corrals-own"]);
     assert!(!leaked);
@@ -1059,4 +1066,41 @@ async fn geminis_overload_is_retried_and_a_lasting_one_relayed_in_its_shape() {
     let error = &reply.json()["error"];
     assert_eq!(error["status"], "RESOURCE_EXHAUSTED", "{error}");
     assert_eq!(error["code"], 429, "{error}");
+}
+
+/// A `no-store` Gemini stream goes upstream as it came and back as the
+/// provider sent it: events with `alt=sse`, one JSON array without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_store_stream_is_relayed_in_the_callers_framing() {
+    let gateway = TestGateway::start(with_gemini).await;
+    let headers = [("x-goog-api-key", KEY), ("cache-control", "no-store")];
+    let events = gateway
+        .post_with(STREAM, &prompt("not stored, events"), &headers)
+        .await;
+    assert_eq!(events.cache(), "BYPASS");
+    assert!(
+        String::from_utf8_lossy(&events.body).starts_with("data: "),
+        "{:?}",
+        events.body
+    );
+    let array = gateway
+        .post_with(
+            "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+            &prompt("not stored, an array"),
+            &headers,
+        )
+        .await;
+    assert_eq!(array.cache(), "BYPASS");
+    let chunks: Vec<Value> = serde_json::from_slice(&array.body).expect("one JSON array");
+    assert_eq!(
+        chunks.last().unwrap()["candidates"][0]["finishReason"],
+        "STOP"
+    );
+    assert_eq!(
+        gateway.provider.received(),
+        [
+            "POST /v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+            "POST /v1beta/models/gemini-2.5-flash:streamGenerateContent",
+        ]
+    );
 }
