@@ -356,7 +356,11 @@ async fn a_gateway_key_in_googles_places_is_the_callers_key() {
         "/v1/models/gemini-2.5-flash:countTokens?key=AIza-unknown",
         "/v1/models?key=AIza-unknown",
     ] {
-        let method = if v1.starts_with("/v1/models?") { "GET" } else { "POST" };
+        let method = if v1.starts_with("/v1/models?") {
+            "GET"
+        } else {
+            "POST"
+        };
         let (status, body) = send(&gateway, method, v1, false).await;
         assert_eq!(status, 401, "{v1}: {body}");
         assert_eq!(body["error"]["status"], "UNAUTHENTICATED", "{v1}: {body}");
