@@ -1108,3 +1108,46 @@ async fn a_no_store_stream_is_relayed_in_the_callers_framing() {
         ]
     );
 }
+
+/// A Gemini caller over its budget is refused a new call in Gemini's shape
+/// (`RESOURCE_EXHAUSTED`, which the SDK raises as its own `ClientError`),
+/// and its cached answers are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gemini_caller_over_its_budget_is_refused_in_geminis_shape() {
+    let gateway = TestGateway::start(|config| {
+        with_gemini(config);
+        config.budgets = vec![corral::budget::BudgetRule {
+            tenant: Some("*".to_owned()),
+            upstream: None,
+            // Less than one call at the snapshot's prices.
+            usd: 0.000_000_1,
+            per: "day".parse().unwrap(),
+        }];
+    })
+    .await;
+    let headers = [("x-goog-api-key", KEY)];
+    let first = gateway
+        .post_with(GENERATE, &prompt("the budget's one call"), &headers)
+        .await;
+    assert_eq!((first.status.as_u16(), first.cache()), (200, "MISS"));
+    let refused = gateway
+        .post_with(GENERATE, &prompt("one call too many"), &headers)
+        .await;
+    assert_eq!(refused.status, 429, "{:?}", refused.body);
+    let error = &refused.json()["error"];
+    assert_eq!(error["status"], "RESOURCE_EXHAUSTED", "{error}");
+    assert_eq!(error["code"], 429, "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("budget"),
+        "{error}"
+    );
+    let hit = gateway
+        .post_with(GENERATE, &prompt("the budget's one call"), &headers)
+        .await;
+    assert_eq!(
+        (hit.status.as_u16(), hit.cache()),
+        (200, "HIT"),
+        "a hit spends nothing"
+    );
+    assert_eq!(gateway.provider.calls(), 1);
+}
