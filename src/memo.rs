@@ -95,7 +95,10 @@ impl Derived {
     pub fn of(request: &DedupRequest, bill: &Attribution) -> Option<Self> {
         let complete = !request.stream
             && !request.policy.bypass
-            && request.endpoint != Endpoint::Embeddings
+            && !matches!(
+                request.endpoint,
+                Endpoint::Embeddings | Endpoint::EmbedContent
+            )
             && !request.retry.any();
         complete.then(|| Self {
             endpoint: request.endpoint,
@@ -205,11 +208,25 @@ impl RequestBytes {
         query: Option<&str>,
         body: &[u8],
     ) -> Option<Self> {
+        Self::of_named(endpoint, None, tenant, headers, query, body)
+    }
+
+    /// As [`of`](Self::of), for a request whose path names more than its
+    /// endpoint (Gemini's: the model and the method), which is kept too.
+    pub fn of_named(
+        endpoint: Endpoint,
+        path: Option<&str>,
+        tenant: &TenantScope,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        body: &[u8],
+    ) -> Option<Self> {
         if body.len() > MAX_MEMO_BODY_BYTES {
             return None;
         }
         let mut bytes = Vec::with_capacity(body.len() + 96);
         bytes.push(endpoint as u8);
+        field(&mut bytes, path.unwrap_or_default().as_bytes());
         field(&mut bytes, tenant.as_str().as_bytes());
         match query {
             None => bytes.push(0),

@@ -379,8 +379,11 @@ impl DedupRequest {
         });
         let mut query_pairs = sorted_query_pairs(query.as_deref());
         if let Some(call) = call {
-            // The path's version is keyed beside the query (`:` starts no parameter).
-            query_pairs.insert(0, (":version".to_owned(), call.version.to_owned()));
+            // What the path names is keyed beside the query (`:` starts no
+            // parameter): the model, which the body does not hold, and the
+            // API version.
+            query_pairs.insert(0, (":model".to_owned(), call.model.clone()));
+            query_pairs.insert(1, (":version".to_owned(), call.version.to_owned()));
         }
 
         let normalization = Normalization {

@@ -152,8 +152,7 @@ impl Dedup {
     }
 
     /// As [`serve`](Self::serve), for a request whose path names its model
-    /// and delivery (`call`, Gemini's). Such a request is not remembered in
-    /// the memo, whose key holds no path.
+    /// and delivery (`call`, Gemini's), which the memo keeps with it.
     pub async fn serve_named(
         self: &Arc<Self>,
         endpoint: Endpoint,
@@ -163,10 +162,15 @@ impl Dedup {
         query: Option<String>,
         body: Bytes,
     ) -> Answered {
-        let seen = match call {
-            None => RequestBytes::of(endpoint, &caller.tenant, &headers, query.as_deref(), &body),
-            Some(_) => None,
-        };
+        let path = call.as_ref().map(GeminiCall::path);
+        let seen = RequestBytes::of_named(
+            endpoint,
+            path.as_deref(),
+            &caller.tenant,
+            &headers,
+            query.as_deref(),
+            &body,
+        );
         let raw = RawRequest {
             endpoint,
             call,
@@ -177,10 +181,7 @@ impl Dedup {
         if let Some(derived) = seen.as_ref().and_then(|seen| self.memo.get(seen)) {
             return remembered::serve(self, &derived, &caller, raw).await;
         }
-        let span = match &raw.call {
-            Some(call) => caller.span_at(call.path()),
-            None => caller.span(endpoint),
-        };
+        let span = raw.span(&caller);
         // Boxed: inline, its states (streams, embeddings, the retry window) would
         // make every request's future that large, hits included.
         Box::pin(self.clone().serve_parsed(raw, seen))
@@ -311,6 +312,14 @@ struct RawRequest {
 }
 
 impl RawRequest {
+    /// The span of the request's logs: its path, Gemini's as it came.
+    fn span(&self, caller: &Caller) -> tracing::Span {
+        match &self.call {
+            Some(call) => caller.span_at(call.path()),
+            None => caller.span(self.endpoint),
+        }
+    }
+
     fn parse(&self, dedup: &Dedup) -> Result<DedupRequest, GatewayError> {
         DedupRequest::parse_named(
             self.endpoint,

@@ -47,10 +47,11 @@ pub(super) async fn serve(
             Ok(served)
         }
         Lookup::Absent => {
+            let raw_span = raw.span(caller);
             let loader = parsing_loader(dedup.clone(), raw, bill.clone(), key.clone());
             // Boxed, as the parse path: a hit's future does not carry a flight's states.
             Box::pin(dedup.coalescer.fly(key, derived.policy, loader, None))
-                .instrument(caller.span(derived.endpoint))
+                .instrument(raw_span)
                 .await
                 .map(|answer| match answer {
                     Answer::Complete(served) => served,

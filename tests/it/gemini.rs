@@ -1151,3 +1151,45 @@ async fn a_gemini_caller_over_its_budget_is_refused_in_geminis_shape() {
     );
     assert_eq!(gateway.provider.calls(), 1);
 }
+
+/// A repeated Gemini request is answered from the request memo without a
+/// parse, and the memo keeps the path: one body sent to two models, or to
+/// the non-stream and the stream method, is never answered for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memo_keeps_geminis_model_and_method_apart() {
+    let gateway = TestGateway::start(with_gemini).await;
+    let headers = [("x-goog-api-key", KEY)];
+    let body = prompt("one body, two models");
+    let pro = "/v1beta/models/gemini-2.5-pro:generateContent";
+    let mut answers = Vec::new();
+    for (path, cache) in [
+        (GENERATE, "MISS"),
+        (pro, "MISS"),
+        (GENERATE, "HIT"),
+        (pro, "HIT"),
+        (GENERATE, "HIT"),
+    ] {
+        let reply = gateway.post_with(path, &body, &headers).await;
+        assert_eq!(reply.cache(), cache, "{path}");
+        answers.push(reply.json()["modelVersion"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        answers,
+        [
+            "gemini-2.5-flash",
+            "gemini-2.5-pro",
+            "gemini-2.5-flash",
+            "gemini-2.5-pro",
+            "gemini-2.5-flash"
+        ]
+    );
+    assert!(
+        gateway.state.dedup().memo().bytes() > 0,
+        "the Gemini requests were remembered"
+    );
+    let streamed = gateway.post_with(STREAM, &body, &headers).await;
+    assert_eq!(streamed.cache(), "HIT");
+    assert_eq!(streamed.header("content-type"), Some("text/event-stream"));
+    assert!(String::from_utf8_lossy(&streamed.body).starts_with("data: "));
+    assert_eq!(gateway.provider.calls(), 2);
+}
