@@ -46,6 +46,16 @@ impl Endpoint {
         Self::EmbedContent,
     ];
 
+    /// The endpoints a `/v1{path}` names by its path alone (Gemini's name a
+    /// model in theirs: `wire::GeminiCall`).
+    pub const BY_PATH: [Endpoint; 5] = [
+        Self::ChatCompletions,
+        Self::Completions,
+        Self::Embeddings,
+        Self::Responses,
+        Self::Messages,
+    ];
+
     /// Path below the upstream's base URL (which ends in `/v1`).
     pub fn path(self) -> &'static str {
         match self {

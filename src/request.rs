@@ -20,7 +20,7 @@ use crate::{
     tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
-    wire::{self, Echo, GeminiCall, GeminiMethod, Wire},
+    wire::{self, Echo, GeminiCall, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -213,8 +213,9 @@ pub struct DedupRequest {
     pub query_pairs: Vec<(String, String)>,
     /// Retry counter and idempotency key, for the retry window.
     pub retry: RetryMarks,
-    /// The method the path named (Gemini's), when it named one.
-    pub method: Option<GeminiMethod>,
+    /// What the path named (Gemini's model and method), when it named them:
+    /// the request goes upstream to that path below the version.
+    pub call: Option<GeminiCall>,
     /// How the caller receives a stream (events, or Gemini's JSON array).
     pub framing: Framing,
     /// The caller's own values of the label fields its answer echoes.
@@ -267,7 +268,7 @@ impl DedupRequest {
         if wire.api() == Api::Gemini && routes.first_of(Api::Gemini).is_none() {
             // Said before anything is parsed: nothing here can be sent anywhere.
             return Err(GatewayError::NoGeminiUpstream {
-                path: call.map_or_else(String::new, GeminiCall::path),
+                path: call.map_or_else(String::new, |call| call.path().to_owned()),
             });
         }
         let body = validate::parse_json(&raw_body, rules.limits)?;
@@ -368,6 +369,9 @@ impl DedupRequest {
         // sent with a shared call (a streamed call asks for its own framing).
         let delivery = wire.delivery_query();
         let query = query.map(|query| {
+            if delivery.is_empty() {
+                return query;
+            }
             query
                 .split('&')
                 .filter(|pair| {
@@ -443,7 +447,7 @@ impl DedupRequest {
             query_pairs,
             retry,
             echo,
-            method: call.map(|call| call.method),
+            call: call.cloned(),
             framing,
         })
     }

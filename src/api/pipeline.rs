@@ -342,9 +342,8 @@ fn fresh_request_id() -> HeaderValue {
 /// The deduplicated endpoint a `/v1/` path is, by its path alone (Gemini's,
 /// whose path names a model, is read by `GeminiCall::of_path`).
 fn endpoint_of(path: &str) -> Option<Endpoint> {
-    Endpoint::ALL
+    Endpoint::BY_PATH
         .into_iter()
-        .filter(|endpoint| endpoint.path() != "/models")
         .find(|endpoint| path.strip_prefix("/v1") == Some(endpoint.path()))
 }
 

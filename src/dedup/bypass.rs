@@ -15,21 +15,30 @@ use super::{
     respond::{budget_left, response_from, set_status_headers, shared_response},
 };
 use crate::{
-    cache_status::CacheStatus, error::GatewayError, metrics::Attribution, request::DedupRequest,
-    sse::Format, upstream::Outbound, upstream::body,
+    cache_status::CacheStatus,
+    error::GatewayError,
+    metrics::Attribution,
+    request::DedupRequest,
+    sse::{Format, Framing},
+    upstream::Outbound,
+    upstream::body,
 };
 
 pub(super) async fn serve(
     dedup: &Dedup,
     request: &DedupRequest,
-    outbound: &Outbound,
+    mut outbound: Outbound,
     bill: &Attribution,
 ) -> Result<Answered, GatewayError> {
     let mut response = if request.stream {
-        stream_through(dedup, outbound, bill, request.wire.stream_format()).await?
+        // In the caller's own framing (Gemini's events, or its JSON array).
+        if request.framing == Framing::Events {
+            super::add_stream_query(&mut outbound.query, request.wire);
+        }
+        stream_through(dedup, &outbound, bill, request.wire.stream_format()).await?
     } else {
         dedup.may_call_upstream(bill).await?;
-        let buffered = dedup.upstream.call_buffered(outbound, &bill.model).await?;
+        let buffered = dedup.upstream.call_buffered(&outbound, &bill.model).await?;
         let shared = shared_response(
             request.wire,
             buffered.status,

@@ -21,7 +21,7 @@ mod respond;
 mod service;
 mod stream;
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use axum::{
     http::{HeaderMap, HeaderValue, Method},
@@ -39,7 +39,6 @@ use crate::{
     metrics::Attribution,
     request::DedupRequest,
     retry_window::Retained,
-    sse::Framing,
     tenant::TenantScope,
     upstream::Outbound,
     wire::{self, GeminiCall},
@@ -162,10 +161,9 @@ impl Dedup {
         query: Option<String>,
         body: Bytes,
     ) -> Answered {
-        let path = call.as_ref().map(GeminiCall::path);
         let seen = RequestBytes::of_named(
             endpoint,
-            path.as_deref(),
+            call.as_ref().map(GeminiCall::path),
             &caller.tenant,
             &headers,
             query.as_deref(),
@@ -212,7 +210,7 @@ impl Dedup {
         }
         let outbound = outbound_of(&mut request);
         match Plan::of(&request) {
-            Plan::Bypass => bypass::serve(&self, &request, &outbound, &bill).await,
+            Plan::Bypass => bypass::serve(&self, &request, outbound, &bill).await,
             Plan::Itemized => Ok(embeddings::serve(&self, &request, outbound, bill).await),
             Plan::Stream => stream::serve(&self, request, outbound, bill).await,
             Plan::Buffered => buffered::serve(&self, &request, outbound, &bill).await,
@@ -289,7 +287,8 @@ impl Dedup {
     }
 }
 
-/// `query` with the wire's stream query (Gemini's `alt=sse`) added.
+/// `query` with the wire's stream query (Gemini's `alt=sse`: the provider
+/// streams events) added.
 fn add_stream_query(query: &mut Option<String>, wire: &dyn wire::Wire) {
     if let Some(framing) = wire.stream_query() {
         *query = Some(match query.take() {
@@ -337,23 +336,16 @@ impl RawRequest {
 /// What goes upstream, moved out of the request, not copied: nothing reads it
 /// again, and a cache hit should not pay for the copies.
 fn outbound_of(request: &mut DedupRequest) -> Outbound {
-    let wire = request.wire;
-    let mut query = request.query.take();
-    // A stream goes upstream in the caller's framing: what a `no-store`
-    // caller is relayed as it came (a shared stream asks for events itself).
-    if request.stream && request.framing == Framing::Events {
-        add_stream_query(&mut query, wire);
-    }
     Outbound {
         upstream: request.upstream,
         method: Method::POST,
-        path: wire.upstream_path(
-            request.endpoint,
-            &request.model,
-            request.stream,
-            request.method,
-        ),
-        query,
+        // A Gemini request goes to the method its caller named, below the
+        // upstream's version; the others to their endpoint's path.
+        path: match &request.call {
+            Some(call) => Cow::Owned(call.below_version().to_owned()),
+            None => Cow::Borrowed(request.endpoint.path()),
+        },
+        query: request.query.take(),
         headers: std::mem::take(&mut request.forward_headers),
         authorization: request.authorization.take(),
         body: request.raw_body.clone(),

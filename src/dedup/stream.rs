@@ -46,11 +46,8 @@ pub(super) async fn serve(
     let upstream_request = wire.stream_request(&request.body);
     let caller_usage = upstream_request.caller_usage;
     outbound.body = upstream_request.body;
-    // The log holds events: a caller framed otherwise still shares an
-    // events stream (`outbound_of` asked for the caller's own framing).
-    if request.framing != Framing::Events {
-        super::add_stream_query(&mut outbound.query, wire);
-    }
+    // The log holds events, whatever framing its callers read it in.
+    super::add_stream_query(&mut outbound.query, wire);
     // A follower of a live stream: its saving is counted once it has been served.
     let mut live_saving = None;
     let retained_events = retained.as_ref().map(|retained| retained.events.clone());

@@ -35,8 +35,6 @@
 //! deterministic only with `generationConfig.temperature: 0` or a
 //! `generationConfig.seed`. The API has no label fields.
 
-use std::borrow::Cow;
-
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
@@ -117,6 +115,8 @@ pub struct GeminiCall {
     /// The API version the caller named (`v1beta`, `v1`): keyed, since the
     /// versions may answer one body differently.
     pub version: &'static str,
+    /// The path it came on, kept for the memo, spans and messages.
+    path: String,
 }
 
 impl GeminiCall {
@@ -141,6 +141,7 @@ impl GeminiCall {
             model: model.to_owned(),
             method,
             version,
+            path: path.to_owned(),
         })
     }
 
@@ -149,14 +150,15 @@ impl GeminiCall {
         self.method == GeminiMethod::StreamGenerate
     }
 
-    /// The path the call came on, for messages.
-    pub fn path(&self) -> String {
-        format!(
-            "/{}/models/{}:{}",
-            self.version,
-            self.model,
-            self.method.name()
-        )
+    /// The path the call came on.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The path below its version (`/models/{model}:{method}`): where it
+    /// goes below a Gemini upstream's base URL, which names the version.
+    pub fn below_version(&self) -> &str {
+        &self.path[1 + self.version.len()..]
     }
 }
 
@@ -213,21 +215,6 @@ impl Wire for GeminiWire {
         false
     }
 
-    fn upstream_path(
-        &self,
-        _endpoint: Endpoint,
-        model: &str,
-        stream: bool,
-        _method: Option<GeminiMethod>,
-    ) -> Cow<'static, str> {
-        let method = if stream {
-            GeminiMethod::StreamGenerate
-        } else {
-            GeminiMethod::Generate
-        };
-        Cow::Owned(format!("/models/{model}:{}", method.name()))
-    }
-
     fn stream_query(&self) -> Option<&'static str> {
         Some("alt=sse")
     }
@@ -275,9 +262,14 @@ impl Wire for GeminiWire {
     }
 
     fn usage(&self, body: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(body).ok()?;
-        Usage::from_usage_metadata(value.get("usageMetadata")?)
+        usage_of(body)
     }
+}
+
+/// The `usageMetadata` of a response (or a chunk) body.
+fn usage_of(body: &[u8]) -> Option<Usage> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    Usage::from_usage_metadata(value.get("usageMetadata")?)
 }
 
 /// The embedding methods' adapter (`embedContent`, `batchEmbedContents`):
@@ -324,18 +316,6 @@ impl Wire for GeminiEmbedWire {
         false
     }
 
-    /// The caller's own method (a `no-store` request goes as it came).
-    fn upstream_path(
-        &self,
-        _endpoint: Endpoint,
-        model: &str,
-        _stream: bool,
-        method: Option<GeminiMethod>,
-    ) -> Cow<'static, str> {
-        let method = method.unwrap_or(GeminiMethod::BatchEmbed);
-        Cow::Owned(format!("/models/{model}:{}", method.name()))
-    }
-
     fn stream_format(&self) -> Format {
         &GEMINI_STREAM
     }
@@ -359,8 +339,7 @@ impl Wire for GeminiEmbedWire {
     }
 
     fn usage(&self, body: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(body).ok()?;
-        Usage::from_usage_metadata(value.get("usageMetadata")?)
+        usage_of(body)
     }
 }
 
@@ -414,8 +393,7 @@ impl StreamFormat for GeminiStream {
     }
 
     fn event_usage(&self, event: &[u8]) -> Option<Usage> {
-        let value: Value = serde_json::from_slice(event_json(event)?).ok()?;
-        Usage::from_usage_metadata(value.get("usageMetadata")?)
+        usage_of(event_json(event)?)
     }
 }
 
@@ -650,10 +628,15 @@ mod tests {
                 model: "gemini-2.5-flash".to_owned(),
                 method: GeminiMethod::StreamGenerate,
                 version: "v1beta",
+                path: "/v1beta/models/gemini-2.5-flash:streamGenerateContent".to_owned(),
             })
         );
         let call = GeminiCall::of_path("/v1/models/gemini-2.5-pro:generateContent").unwrap();
         assert_eq!((call.stream(), call.version), (false, "v1"));
+        assert_eq!(
+            call.below_version(),
+            "/models/gemini-2.5-pro:generateContent"
+        );
         let call = GeminiCall::of_path("/v1beta/models/gemini-embedding-001:batchEmbedContents");
         assert_eq!(call.unwrap().method.endpoint(), Endpoint::EmbedContent);
         for other in [

@@ -6,9 +6,10 @@
 //!   requests leave for `embeddings/` before any stream or completeness rule);
 //! - `responses.rs`: OpenAI Responses (`POST /v1/responses`);
 //! - `anthropic.rs`: Anthropic Messages (`POST /v1/messages`);
-//! - `gemini.rs`: Gemini's `generateContent` and `streamGenerateContent`
+//! - `gemini.rs`: Gemini's `generateContent`, `streamGenerateContent`,
+//!   `embedContent` and `batchEmbedContents`
 //!   (`POST /v1beta/models/{model}:{method}`), whose path names the model
-//!   and the delivery.
+//!   and the method (`GeminiCall`).
 //!
 //! Adding an API is one more adapter: a file here implementing [`Wire`] (and
 //! [`StreamFormat`](crate::sse::StreamFormat) for its events), an
@@ -19,8 +20,6 @@ pub mod chat;
 mod echo;
 pub mod gemini;
 mod responses;
-
-use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -103,20 +102,6 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
     /// stream's framing): never keyed, and not sent with a shared call.
     fn delivery_query(&self) -> &'static [&'static str] {
         &[]
-    }
-
-    /// The path below the upstream's base URL a call of `model` goes to,
-    /// streamed or not, for a caller whose path named `method`: the
-    /// endpoint's own, unless the format's path names the model and the
-    /// method (Gemini's).
-    fn upstream_path(
-        &self,
-        endpoint: Endpoint,
-        _model: &str,
-        _stream: bool,
-        _method: Option<GeminiMethod>,
-    ) -> Cow<'static, str> {
-        Cow::Borrowed(endpoint.path())
     }
 
     /// The query a streamed upstream call adds (Gemini's `alt=sse`: events,

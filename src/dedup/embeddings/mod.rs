@@ -92,7 +92,7 @@ fn items_of(dedup: &Dedup, request: &DedupRequest) -> Result<Arc<dyn Items>, Gat
     Ok(match request.endpoint {
         Endpoint::EmbedContent => Arc::new(GeminiItems::parse(
             &request.body,
-            request.method,
+            request.call.as_ref().map(|call| call.method),
             &request.model,
             dedup.item_limits,
         )?),
