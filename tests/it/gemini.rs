@@ -465,6 +465,46 @@ fn picos(usd_per_million: f64) -> u128 {
     (usd_per_million * 1e6).round() as u128
 }
 
+/// The model the cost tests bill.
+const FLASH: &str = "gemini-2.5-flash";
+
+/// The snapshot's price of [`FLASH`].
+fn flash_price() -> corral::pricing::SnapshotModel {
+    corral::pricing::snapshot()
+        .models
+        .iter()
+        .find(|entry| entry.id == FLASH)
+        .expect("the snapshot prices gemini-2.5-flash")
+        .clone()
+}
+
+/// What `/metrics` says was billed and saved for [`FLASH`].
+struct FlashBooks(prometheus_parse::Scrape);
+
+impl FlashBooks {
+    async fn of(gateway: &TestGateway) -> Self {
+        Self(crate::metrics::scrape(gateway).await)
+    }
+
+    /// `corral_cost_usd_total` from `source` (`upstream`, `saved`).
+    fn cost(&self, source: &str) -> f64 {
+        crate::metrics::sum(
+            &self.0,
+            "corral_cost_usd_total",
+            &[("model", FLASH), ("source", source)],
+        )
+    }
+
+    /// `corral_tokens_total` of `kind` from `source`.
+    fn tokens(&self, kind: &str, source: &str) -> f64 {
+        crate::metrics::sum(
+            &self.0,
+            "corral_tokens_total",
+            &[("model", FLASH), ("kind", kind), ("source", source)],
+        )
+    }
+}
+
 const GENERATE: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
 const STREAM: &str = "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse";
 
@@ -482,13 +522,8 @@ fn prompt(text: &str) -> Value {
 #[tokio::test]
 async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
     let gateway = TestGateway::start(with_gemini).await;
-    let model = "gemini-2.5-flash";
-    let price = corral::pricing::snapshot()
-        .models
-        .iter()
-        .find(|entry| entry.id == model)
-        .expect("the snapshot prices gemini-2.5-flash")
-        .clone();
+    let model = FLASH;
+    let price = flash_price();
     let cached_price = price.cached_input.expect("Gemini prices cached input");
     gateway.provider.push_script(mock_upstream::Scripted::json(
         200,
@@ -511,24 +546,11 @@ async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
         assert_eq!(reply.cache(), if i == 0 { "MISS" } else { "HIT" });
     }
     let one = 200 * picos(price.input) + 800 * picos(cached_price) + 100 * picos(price.output);
-    let m = crate::metrics::scrape(&gateway).await;
+    let books = FlashBooks::of(&gateway).await;
     let usd = |picos: u128| picos as f64 / 1e12;
-    let cost = |source| {
-        crate::metrics::sum(
-            &m,
-            "corral_cost_usd_total",
-            &[("model", model), ("source", source)],
-        )
-    };
-    assert_eq!(cost("upstream"), usd(one));
-    assert_eq!(cost("saved"), usd(9 * one));
-    let tokens = |kind, source| {
-        crate::metrics::sum(
-            &m,
-            "corral_tokens_total",
-            &[("model", model), ("kind", kind), ("source", source)],
-        )
-    };
+    assert_eq!(books.cost("upstream"), usd(one));
+    assert_eq!(books.cost("saved"), usd(9 * one));
+    let tokens = |kind, source| books.tokens(kind, source);
     assert_eq!(tokens("input", "upstream"), 200.0);
     assert_eq!(tokens("cached_input", "upstream"), 800.0);
     assert_eq!(tokens("output", "upstream"), 40.0);
@@ -582,14 +604,8 @@ async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
     assert_eq!(reply.status, 200);
     let text = String::from_utf8_lossy(&reply.body);
     assert!(text.contains("\"finishReason\":\"STOP\""), "{text}");
-    let m = crate::metrics::scrape(&gateway).await;
-    let streamed = |kind| {
-        crate::metrics::sum(
-            &m,
-            "corral_tokens_total",
-            &[("model", model), ("kind", kind), ("source", "upstream")],
-        )
-    };
+    let books = FlashBooks::of(&gateway).await;
+    let streamed = |kind| books.tokens(kind, "upstream");
     assert_eq!(
         streamed("input"),
         200.0 + 50.0,
@@ -618,7 +634,6 @@ async fn geminis_usage_is_billed_kind_by_kind_and_a_streams_once() {
 /// content included) once upstream and `saved` times saved, and its cost
 /// at the snapshot's prices.
 async fn assert_billed_and_saved(gateway: &TestGateway, usage: &Value, saved: u64, context: &str) {
-    let model = "gemini-2.5-flash";
     let count = |name: &str| usage[name].as_u64().unwrap_or(0);
     let (prompt, cached) = (
         count("prompt_token_count"),
@@ -632,23 +647,12 @@ async fn assert_billed_and_saved(gateway: &TestGateway, usage: &Value, saved: u6
         cached > 0 && thoughts > 0,
         "the herd's usage has every kind: {context}"
     );
-    let price = corral::pricing::snapshot()
-        .models
-        .iter()
-        .find(|entry| entry.id == model)
-        .expect("the snapshot prices gemini-2.5-flash")
-        .clone();
+    let price = flash_price();
     let one = u128::from(prompt - cached) * picos(price.input)
         + u128::from(cached) * picos(price.cached_input.expect("a cached price"))
         + u128::from(output + thoughts) * picos(price.output);
-    let m = crate::metrics::scrape(gateway).await;
-    let cost = |source| {
-        crate::metrics::sum(
-            &m,
-            "corral_cost_usd_total",
-            &[("model", model), ("source", source)],
-        )
-    };
+    let books = FlashBooks::of(gateway).await;
+    let cost = |source| books.cost(source);
     let usd = |picos: u128| picos as f64 / 1e12;
     assert!(
         (cost("upstream") - usd(one)).abs() < 1e-12,
@@ -662,13 +666,7 @@ async fn assert_billed_and_saved(gateway: &TestGateway, usage: &Value, saved: u6
         cost("saved"),
         usd(u128::from(saved) * one)
     );
-    let tokens = |kind, source| {
-        crate::metrics::sum(
-            &m,
-            "corral_tokens_total",
-            &[("model", model), ("kind", kind), ("source", source)],
-        )
-    };
+    let tokens = |kind, source| books.tokens(kind, source);
     let saved = saved as f64;
     assert_eq!(
         tokens("input", "upstream"),

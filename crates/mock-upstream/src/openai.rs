@@ -297,6 +297,24 @@ pub(super) fn completions(body: &[u8], call: u64) -> Result<Answer, InvalidReque
     }))
 }
 
+/// A requested vector size: absent (or `null`) is the mock's default (8, so
+/// answers stay small unless a test asks for more); anything but an integer
+/// in `1..=max` is refused with `refusal`'s message.
+pub(super) fn dimensions(
+    value: Option<&Value>,
+    max: u64,
+    refusal: impl FnOnce() -> String,
+) -> Result<usize, InvalidRequest> {
+    match value {
+        None | Some(Value::Null) => Ok(DEFAULT_DIMENSIONS),
+        Some(value) => value
+            .as_u64()
+            .filter(|d| (1..=max).contains(d))
+            .and_then(|d| usize::try_from(d).ok())
+            .ok_or_else(|| InvalidRequest::new(refusal())),
+    }
+}
+
 /// `POST /v1/embeddings`: one vector per input, derived from the SHA-256 of the input text.
 pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
     let request = parse_object(body)?;
@@ -307,18 +325,9 @@ pub(super) fn embeddings(body: &[u8]) -> Result<Answer, InvalidRequest> {
         }
         Some(input) => non_empty(strings_or_list(input, "input")?, "input")?,
     };
-    let dimensions = match request.get("dimensions") {
-        None | Some(Value::Null) => DEFAULT_DIMENSIONS,
-        Some(value) => value
-            .as_u64()
-            .filter(|d| (1..=MAX_DIMENSIONS).contains(d))
-            .and_then(|d| usize::try_from(d).ok())
-            .ok_or_else(|| {
-                InvalidRequest::new(format!(
-                    "'dimensions' must be an integer between 1 and {MAX_DIMENSIONS}."
-                ))
-            })?,
-    };
+    let dimensions = dimensions(request.get("dimensions"), MAX_DIMENSIONS, || {
+        format!("'dimensions' must be an integer between 1 and {MAX_DIMENSIONS}.")
+    })?;
     let base64 = match request.get("encoding_format") {
         None | Some(Value::Null) => false,
         Some(Value::String(format)) if format == "float" => false,

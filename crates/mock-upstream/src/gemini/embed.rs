@@ -10,12 +10,9 @@
 
 use serde_json::{Value, json};
 
-use super::super::openai::{Answer, InvalidRequest, embedding_vector, shortest};
+use super::super::openai::{Answer, InvalidRequest, dimensions, embedding_vector, shortest};
 use super::{field, model_method};
 
-/// Vector size when the request names no `outputDimensionality`: the mock's, as on its OpenAI
-/// surface, not Google's 3072, so answers stay small unless a test asks for more.
-const DEFAULT_DIMENSIONS: usize = 8;
 /// Largest `outputDimensionality` accepted, `gemini-embedding-001`'s full size.
 const MAX_DIMENSIONS: u64 = 3072;
 
@@ -69,18 +66,15 @@ fn requests(request: &Value) -> Result<&Vec<Value>, InvalidRequest> {
 fn embedding(model: &str, request: &Value, at: &str) -> Result<Vec<f64>, InvalidRequest> {
     let text = content_text(request)
         .ok_or_else(|| InvalidRequest::new(format!("* {at}content: content is not specified")))?;
-    let dimensions = match field(request, "outputDimensionality", "output_dimensionality") {
-        None => DEFAULT_DIMENSIONS,
-        Some(value) => value
-            .as_u64()
-            .filter(|d| (1..=MAX_DIMENSIONS).contains(d))
-            .and_then(|d| usize::try_from(d).ok())
-            .ok_or_else(|| {
-                InvalidRequest::new(format!(
-                    "* {at}output_dimensionality: must be an integer between 1 and {MAX_DIMENSIONS}"
-                ))
-            })?,
-    };
+    let dimensions = dimensions(
+        field(request, "outputDimensionality", "output_dimensionality"),
+        MAX_DIMENSIONS,
+        || {
+            format!(
+                "* {at}output_dimensionality: must be an integer between 1 and {MAX_DIMENSIONS}"
+            )
+        },
+    )?;
     let task = field(request, "taskType", "task_type")
         .and_then(Value::as_str)
         .unwrap_or_default();
