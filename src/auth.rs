@@ -195,7 +195,7 @@ fn key_params(query: &str) -> impl Iterator<Item = (&str, Option<String>)> {
 }
 
 /// The Gemini key in a query's `key` parameter, percent-decoded (its first,
-/// when there are several; `caller_key` refuses two different ones).
+/// when there are several; [`gemini_key`] refuses two different ones).
 pub fn query_key(query: Option<&str>) -> Option<String> {
     key_params(query?).find_map(|(_, key)| key)
 }
