@@ -76,20 +76,24 @@ pub enum Frame {
     Malformed(String),
 }
 
+/// The JSON object an event's data holds; `Err` is the [`Frame::Malformed`]
+/// of data that is not one (the one reading every format's events share).
+pub fn read_object(data: &str) -> Result<serde_json::Map<String, Value>, Frame> {
+    match serde_json::from_str::<Value>(data) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(_) => Err(Frame::Malformed(
+            "event data is JSON but not an object".to_owned(),
+        )),
+        Err(error) => Err(Frame::Malformed(format!("event data is not JSON: {error}"))),
+    }
+}
+
 /// One event of a named-event format (`event: <name>\ndata: <json object>`, Responses and
 /// Anthropic Messages): its type and the event in corral's framing ([`named_event`]). The data's
 /// own `type` names the event (the SDKs read it); the SSE name only stands in for it. `Err` is
 /// the [`Frame::Malformed`] of what is not such an event.
 pub fn read_named(name: Option<&str>, data: &str) -> Result<(String, Bytes), Frame> {
-    let object = match serde_json::from_str::<Value>(data) {
-        Ok(Value::Object(object)) => object,
-        Ok(_) => {
-            return Err(Frame::Malformed(
-                "event data is JSON but not an object".to_owned(),
-            ));
-        }
-        Err(error) => return Err(Frame::Malformed(format!("event data is not JSON: {error}"))),
-    };
+    let object = read_object(data)?;
     let kind = match object.get("type").and_then(Value::as_str).or(name) {
         Some(kind) => kind.to_owned(),
         None => return Err(Frame::Malformed("an event without a type".to_owned())),

@@ -32,7 +32,7 @@ mod usage;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-pub use format::{Format, Frame, StreamFormat, read_named};
+pub use format::{Format, Frame, StreamFormat, read_named, read_object};
 pub use framing::{Framing, as_json_array};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{

@@ -45,7 +45,7 @@ use crate::{
     fingerprint::{BodyKeying, Endpoint},
     sse::{
         CallerUsage, Format, Frame, Framing, StreamFormat, UpstreamStreamRequest, data_event,
-        event_json,
+        event_json, read_object,
     },
     usage::Usage,
     validate::{self, InputLimits},
@@ -359,10 +359,9 @@ fn completes(response: &Map<String, Value>) -> bool {
 
 impl StreamFormat for GeminiStream {
     fn read(&self, _name: Option<&str>, data: &str) -> Frame {
-        let chunk = match serde_json::from_str::<Value>(data) {
-            Ok(Value::Object(chunk)) => chunk,
-            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
-            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        let chunk = match read_object(data) {
+            Ok(chunk) => chunk,
+            Err(malformed) => return malformed,
         };
         if chunk.get("error").is_some_and(|error| !error.is_null()) {
             return Frame::Failed(data_event(&Value::Object(chunk)));

@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use crate::{
     sse::{
-        DONE_EVENT, Frame, StreamFormat, UsageFree, data_event, done_event, error_event, event_json,
+        DONE_EVENT, Frame, StreamFormat, UsageFree, data_event, done_event, error_event,
+        event_json, read_object,
     },
     usage::Usage,
 };
@@ -27,10 +28,9 @@ impl StreamFormat for ChatStream {
                 usage: None,
             };
         }
-        let chunk = match serde_json::from_str::<Value>(data) {
-            Ok(Value::Object(chunk)) => chunk,
-            Ok(_) => return Frame::Malformed("event data is JSON but not an object".to_owned()),
-            Err(error) => return Frame::Malformed(format!("event data is not JSON: {error}")),
+        let chunk = match read_object(data) {
+            Ok(chunk) => chunk,
+            Err(malformed) => return malformed,
         };
         if chunk.get("error").is_some_and(|error| !error.is_null()) {
             return Frame::Failed(data_event(&Value::Object(chunk)));
