@@ -114,6 +114,10 @@ const HIT_THROUGHPUT_TARGET: &str = ">= 0.80";
 const HIT_P99_MAX: f64 = 1.2;
 const HIT_P99_TARGET: &str = "<= 1.2";
 
+/// The hit scenario's second baseline: the bare server sending corral's
+/// response head (`bench-baseline --header`).
+const HEADED_BASELINE: &str = "baseline, corral's response head";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioResult {
     pub name: String,
@@ -415,6 +419,17 @@ async fn start_mock(options: &SuiteOptions, logs: &Path) -> anyhow::Result<Servi
     .await
 }
 
+/// The headers of corral's HIT answer that the headed baseline sends as
+/// `name: value`: all but those hyper writes itself (`date`,
+/// `content-length`) and the `content-type` every baseline sends.
+fn hit_head(headers: &reqwest::header::HeaderMap) -> Vec<String> {
+    headers
+        .iter()
+        .filter(|(name, _)| !["date", "content-length", "content-type"].contains(&name.as_str()))
+        .filter_map(|(name, value)| Some(format!("{name}: {}", value.to_str().ok()?)))
+        .collect()
+}
+
 /// corral on port 0 in front of the mock, one cache for every caller
 /// (`cache.scope: global`), no per-request log line unless `extra_env` asks.
 async fn start_corral(
@@ -549,14 +564,29 @@ impl Bench {
 
     /// The bare server answering the hit's bytes (`bench-baseline`).
     async fn start_baseline(&self, body_file: &Path) -> anyhow::Result<Service> {
+        self.start_baseline_with("bench-baseline", body_file, &[])
+            .await
+    }
+
+    /// The bare server answering the hit's bytes with `headers` too (each
+    /// `name: value`): with corral's, its response is corral's but for the date.
+    async fn start_baseline_with(
+        &self,
+        name: &str,
+        body_file: &Path,
+        headers: &[String],
+    ) -> anyhow::Result<Service> {
         let mut command = Command::new(self.options.bin_dir.join("bench-baseline"));
         command
             .args(["--listen", "127.0.0.1:0", "--body-file"])
             .arg(body_file);
+        for header in headers {
+            command.arg("--header").arg(header);
+        }
         Service::spawn(
-            "bench-baseline",
+            name,
             command,
-            &self.logs.join("bench-baseline.log"),
+            &self.logs.join(format!("{name}.log")),
             START_DEADLINE,
             process::url_after("bench-baseline listening on "),
         )
@@ -584,22 +614,25 @@ impl Bench {
         let request = workload.request(0, &mut rand::rng());
         let url = format!("{}{}", self.corral_base(), request.path);
         let mut body = bytes::Bytes::new();
+        let mut head = Vec::new();
         for _ in 0..2 {
-            body = self
+            let response = self
                 .probe
                 .post(&url)
                 .header("content-type", "application/json")
                 .body(request.body.clone())
                 .send()
                 .await?
-                .error_for_status()?
-                .bytes()
-                .await?;
+                .error_for_status()?;
+            head = hit_head(response.headers());
+            body = response.bytes().await?;
         }
         let body_file = self.logs.join("hit-body.json");
         std::fs::write(&body_file, &body)?;
         if wrk::available().await {
-            return self.hit_with_wrk(&url, &request.body, &body_file).await;
+            return self
+                .hit_with_wrk(&url, &request.body, &body_file, &head)
+                .await;
         }
         let baseline = self.start_baseline(&body_file).await?;
 
@@ -713,11 +746,15 @@ impl Bench {
         corral_url: &str,
         request_body: &bytes::Bytes,
         body_file: &Path,
+        hit_head: &[String],
     ) -> anyhow::Result<ScenarioResult> {
         let mut result = ScenarioResult::new("hit");
         let request_file = self.logs.join("hit-request.json");
         std::fs::write(&request_file, request_body)?;
         let baseline = self.start_baseline(body_file).await?;
+        let headed = self
+            .start_baseline_with("bench-baseline-head", body_file, hit_head)
+            .await?;
         let logged = self.start_logged_corral().await?;
         let path = corral_url
             .strip_prefix(&self.corral_base())
@@ -725,6 +762,7 @@ impl Bench {
             .to_owned();
         let logged_url = format!("{}/v1{path}", logged.ready);
         let baseline_url = format!("{}/v1{path}", baseline.ready);
+        let headed_url = format!("{}/v1{path}", headed.ready);
         // Warm the logged instance's cache (the main one is warm already).
         for _ in 0..2 {
             self.probe
@@ -746,13 +784,15 @@ impl Bench {
         let (threads, connections) = (2, 64);
         let mut runs: BTreeMap<&str, Vec<wrk::WrkReport>> = BTreeMap::new();
         let bare = ("baseline", baseline_url.as_str());
+        let head = (HEADED_BASELINE, headed_url.as_str());
         let shipped = ("corral, shipped config", logged_url.as_str());
         let quiet = ("corral, request log off", corral_url);
+        // Each server in each place once every four rounds.
         let orders = [
-            [bare, shipped, quiet],
-            [shipped, quiet, bare],
-            [quiet, shipped, bare],
-            [bare, quiet, shipped],
+            [bare, head, shipped, quiet],
+            [shipped, quiet, head, bare],
+            [quiet, shipped, bare, head],
+            [head, bare, quiet, shipped],
         ];
         for round in 0..rounds {
             for (name, url) in orders[round as usize % orders.len()] {
@@ -773,6 +813,7 @@ impl Bench {
         }
         let hits_after = self.hit_count(&self.corral_base()).await;
         baseline.stop().await;
+        headed.stop().await;
         logged.stop().await;
 
         let median = |name: &str, pick: fn(&wrk::WrkReport) -> f64| {
@@ -849,6 +890,20 @@ impl Bench {
         result.figure(
             "p50 / baseline p50",
             ratio("corral, shipped config", "baseline", |r| r.p50_ms),
+            "ratio",
+        );
+        // The gap in two parts: the hop with corral's response head against
+        // the bare one (the wire format's cost: more bytes to write, and to
+        // parse in the generator sharing the cores), and corral against that
+        // hop (corral's own work per request).
+        result.figure(
+            "baseline with corral's response head / baseline",
+            ratio(HEADED_BASELINE, "baseline", throughput),
+            "ratio",
+        );
+        result.figure(
+            "throughput / baseline with corral's response head",
+            ratio("corral, shipped config", HEADED_BASELINE, throughput),
             "ratio",
         );
         result.figure("corral throughput", rps("corral, shipped config"), "req/s");

@@ -264,6 +264,19 @@ async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
             .unwrap_or_default();
         assert!(generator.starts_with("wrk"), "{generator}");
         assert!(figure("hit", "throughput cost of the request log").is_finite());
+        // The gap's two parts, against the bare hop sending corral's head too.
+        for name in [
+            "baseline with corral's response head / baseline",
+            "throughput / baseline with corral's response head",
+        ] {
+            let value = figure("hit", name);
+            assert!(value.is_finite() && value > 0.0, "hit: {name} = {value}");
+        }
+        let runs = &scenario("hit").extra["wrk_runs"];
+        assert!(
+            runs.get("baseline, corral's response head").is_some(),
+            "the headed baseline ran: {runs}"
+        );
     }
 }
 

@@ -3,6 +3,10 @@
 //! request body and answers every request with the same bytes (the body corral
 //! serves for the benchmark's cached request), with keep-alive; no routing, no
 //! parsing, no logging. This file is the whole server.
+//!
+//! With `--header`, it also sends the headers corral's answer carries, so its
+//! response is corral's byte for byte but for the date: the hop's cost with
+//! corral's wire format, against which corral's own work is measured apart.
 
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -24,6 +28,18 @@ struct Args {
     /// The bytes to answer with (as `application/json`).
     #[arg(long)]
     body_file: PathBuf,
+    /// A header to send on every response, as `name: value` (repeatable).
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<(header::HeaderName, header::HeaderValue)>,
+}
+
+fn parse_header(text: &str) -> Result<(header::HeaderName, header::HeaderValue), String> {
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?} is not `name: value`"))?;
+    let name = header::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|e| e.to_string())?;
+    let value = header::HeaderValue::from_str(value.trim()).map_err(|e| e.to_string())?;
+    Ok((name, value))
 }
 
 #[tokio::main]
@@ -33,6 +49,8 @@ async fn main() -> anyhow::Result<()> {
         std::fs::read(&args.body_file)
             .with_context(|| format!("reading {}", args.body_file.display()))?,
     );
+    // One map, shared: a clone per response is what corral pays for its prebuilt headers too.
+    let headers: header::HeaderMap = args.headers.into_iter().collect();
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -52,9 +70,11 @@ async fn main() -> anyhow::Result<()> {
         };
         let _ = stream.set_nodelay(true);
         let body = body.clone();
+        let headers = headers.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
                 let body = body.clone();
+                let headers = headers.clone();
                 async move {
                     // Read the request as corral must, so both sides do that work.
                     request.into_body().collect().await?;
@@ -63,6 +83,9 @@ async fn main() -> anyhow::Result<()> {
                         header::CONTENT_TYPE,
                         header::HeaderValue::from_static("application/json"),
                     );
+                    if !headers.is_empty() {
+                        response.headers_mut().extend(headers);
+                    }
                     Ok::<_, hyper::Error>(response)
                 }
             });
