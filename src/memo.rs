@@ -200,20 +200,10 @@ impl RequestMemo {
 pub struct RequestBytes(Vec<u8>);
 
 impl RequestBytes {
-    /// `None` for a body too large to keep.
+    /// `None` for a body too large to keep. `path`: the path, for a request
+    /// whose path names more than its endpoint (Gemini's: the model and the
+    /// method), which is kept too.
     pub fn of(
-        endpoint: Endpoint,
-        tenant: &TenantScope,
-        headers: &HeaderMap,
-        query: Option<&str>,
-        body: &[u8],
-    ) -> Option<Self> {
-        Self::of_named(endpoint, None, tenant, headers, query, body)
-    }
-
-    /// As [`of`](Self::of), for a request whose path names more than its
-    /// endpoint (Gemini's: the model and the method), which is kept too.
-    pub fn of_named(
         endpoint: Endpoint,
         path: Option<&str>,
         tenant: &TenantScope,
@@ -278,6 +268,7 @@ mod tests {
         let tenant = TenantScope::of_credential(None, Some(b"sk-a"));
         RequestBytes::of(
             Endpoint::ChatCompletions,
+            None,
             &tenant,
             &map,
             query,
@@ -314,6 +305,7 @@ mod tests {
         others.push(
             RequestBytes::of(
                 Endpoint::ChatCompletions,
+                None,
                 &other_tenant,
                 &HeaderMap::new(),
                 None,
@@ -324,6 +316,7 @@ mod tests {
         others.push(
             RequestBytes::of(
                 Endpoint::Completions,
+                None,
                 &TenantScope::of_credential(None, Some(b"sk-a")),
                 &HeaderMap::new(),
                 None,
@@ -380,6 +373,7 @@ mod tests {
         assert!(
             RequestBytes::of(
                 Endpoint::ChatCompletions,
+                None,
                 &tenant,
                 &HeaderMap::new(),
                 None,
@@ -392,6 +386,7 @@ mod tests {
             let body = format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(500));
             let key = RequestBytes::of(
                 Endpoint::ChatCompletions,
+                None,
                 &tenant,
                 &HeaderMap::new(),
                 None,

@@ -186,14 +186,7 @@ where
                                 let query = parts.uri.query().map(str::to_owned);
                                 let Answered { response, decided } = app
                                     .dedup()
-                                    .serve_named(
-                                        endpoint,
-                                        gemini_call,
-                                        caller,
-                                        headers,
-                                        query,
-                                        body,
-                                    )
+                                    .serve(endpoint, gemini_call, caller, headers, query, body)
                                     .await;
                                 (response, decided)
                             }

@@ -137,22 +137,9 @@ impl Plan {
 
 impl Dedup {
     /// Serves one admitted request; an error is answered in its endpoint's
-    /// API's shape.
+    /// API's shape. `call`: what a Gemini path names (the model and the
+    /// delivery), which the memo keeps with the request.
     pub async fn serve(
-        self: &Arc<Self>,
-        endpoint: Endpoint,
-        caller: Caller,
-        headers: HeaderMap,
-        query: Option<String>,
-        body: Bytes,
-    ) -> Answered {
-        self.serve_named(endpoint, None, caller, headers, query, body)
-            .await
-    }
-
-    /// As [`serve`](Self::serve), for a request whose path names its model
-    /// and delivery (`call`, Gemini's), which the memo keeps with it.
-    pub async fn serve_named(
         self: &Arc<Self>,
         endpoint: Endpoint,
         call: Option<GeminiCall>,
@@ -161,7 +148,7 @@ impl Dedup {
         query: Option<String>,
         body: Bytes,
     ) -> Answered {
-        let seen = RequestBytes::of_named(
+        let seen = RequestBytes::of(
             endpoint,
             call.as_ref().map(GeminiCall::path),
             &caller.tenant,

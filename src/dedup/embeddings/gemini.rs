@@ -7,12 +7,15 @@
 //! call; each caller gets its method's answer: `{"embedding": ...}` or
 //! `{"embeddings": [...]}` in its own order.
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::{Items, wire::ItemLimits, wire::SplitAnswer};
+use super::{
+    Items,
+    distinct::{Distinct, item_key_body},
+    wire::ItemLimits,
+    wire::SplitAnswer,
+};
 use crate::{
     error::GatewayError,
     fingerprint::{Normalization, canonical_body, write_canonical},
@@ -50,9 +53,9 @@ impl GeminiItems {
     ) -> Result<Self, GatewayError> {
         let model_ref = format!("models/{model}");
         let batch = method != Some(GeminiMethod::Embed);
-        let mut rest = body.clone();
-        let requests: Vec<Value> = if batch {
-            match rest.remove("requests") {
+        let (mut rest, requests) = if batch {
+            let mut rest = body.clone();
+            let requests = match rest.remove("requests") {
                 Some(Value::Array(requests)) if !requests.is_empty() => requests,
                 _ => {
                     return Err(GatewayError::invalid_param(
@@ -60,10 +63,10 @@ impl GeminiItems {
                         "`requests` must be a non-empty array of embed requests",
                     ));
                 }
-            }
+            };
+            (rest, requests)
         } else {
-            rest.clear();
-            vec![Value::Object(body.clone())]
+            (Map::new(), vec![Value::Object(body.clone())])
         };
         if requests.len() > limits.max_inputs {
             return Err(GatewayError::invalid_param(
@@ -75,10 +78,7 @@ impl GeminiItems {
                 ),
             ));
         }
-        let mut items = Vec::new();
-        let mut canonical_items: Vec<Vec<u8>> = Vec::new();
-        let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut slots = Vec::with_capacity(requests.len());
+        let mut distinct = Distinct::with_capacity(requests.len());
         for (index, request) in requests.into_iter().enumerate() {
             let Value::Object(mut request) = request else {
                 return Err(GatewayError::invalid_param(
@@ -107,26 +107,16 @@ impl GeminiItems {
                     ),
                 ));
             }
-            let slot = match seen.get(&canonical) {
-                Some(&slot) => slot,
-                None => {
-                    let slot = items.len();
-                    items.push(item);
-                    seen.insert(canonical.clone(), slot);
-                    canonical_items.push(canonical);
-                    slot
-                }
-            };
-            slots.push(slot);
+            distinct.push(canonical, || item);
         }
         rest.insert("model".to_owned(), Value::String(model_ref.clone()));
         let keyed_rest = canonical_body(&rest, Normalization::default());
         Ok(Self {
             model_ref,
             batch,
-            items,
-            canonical_items,
-            slots,
+            items: distinct.items,
+            canonical_items: distinct.canonical,
+            slots: distinct.slots,
             keyed_rest,
         })
     }
@@ -138,12 +128,11 @@ impl Items for GeminiItems {
     }
 
     fn item_key_body(&self, item: usize) -> Vec<u8> {
-        [
+        item_key_body(
             ITEM_KEY_DOMAIN,
             &self.keyed_rest,
             &self.canonical_items[item],
-        ]
-        .concat()
+        )
     }
 
     fn upstream_path(&self) -> Option<String> {

@@ -8,6 +8,7 @@
 //! `embedContent` and `batchEmbedContents`; the coalescer's batch flights
 //! (`coalesce/batch.rs`) know only keys and bytes.
 
+mod distinct;
 mod gemini;
 pub mod wire;
 

@@ -12,13 +12,12 @@
 //! `-0.007799999788403511` it equals); floats become base64 as little-endian
 //! f32s, as the provider itself encodes them.
 
-use std::collections::HashMap;
-
 use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::distinct::{Distinct, item_key_body};
 use crate::{
     config::LimitsConfig,
     error::GatewayError,
@@ -127,10 +126,7 @@ impl ItemizedRequest {
                 ),
             ));
         }
-        let mut items = Vec::new();
-        let mut canonical_items: Vec<Vec<u8>> = Vec::new();
-        let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut slots = Vec::with_capacity(inputs.len());
+        let mut distinct = Distinct::with_capacity(inputs.len());
         for (index, input) in inputs.into_iter().enumerate() {
             let valid = match input {
                 Value::String(_) => true,
@@ -155,17 +151,7 @@ impl ItemizedRequest {
                     ),
                 ));
             }
-            let item = match seen.get(&canonical) {
-                Some(&item) => item,
-                None => {
-                    let item = items.len();
-                    items.push(input.clone());
-                    seen.insert(canonical.clone(), item);
-                    canonical_items.push(canonical);
-                    item
-                }
-            };
-            slots.push(item);
+            distinct.push(canonical, || input.clone());
         }
         let mut rest = body.clone();
         rest.remove("input");
@@ -175,9 +161,9 @@ impl ItemizedRequest {
         Ok(Self {
             rest,
             format,
-            items,
-            canonical_items,
-            slots,
+            items: distinct.items,
+            canonical_items: distinct.canonical,
+            slots: distinct.slots,
             keyed_rest,
         })
     }
@@ -190,13 +176,11 @@ impl ItemizedRequest {
     /// What item `item`'s fingerprint is computed from: the request's other
     /// fields (`encoding_format` excepted) and the item itself.
     pub fn item_key_body(&self, item: usize) -> Vec<u8> {
-        let canonical = &self.canonical_items[item];
-        let mut body =
-            Vec::with_capacity(ITEM_KEY_DOMAIN.len() + self.keyed_rest.len() + canonical.len());
-        body.extend_from_slice(ITEM_KEY_DOMAIN);
-        body.extend_from_slice(&self.keyed_rest);
-        body.extend_from_slice(canonical);
-        body
+        item_key_body(
+            ITEM_KEY_DOMAIN,
+            &self.keyed_rest,
+            &self.canonical_items[item],
+        )
     }
 
     /// The upstream body asking for `items`, in that order.
