@@ -248,6 +248,27 @@ mod tests {
     use axum::http::HeaderValue;
     use sha2::{Digest as _, Sha256};
 
+    #[test]
+    fn the_key_leaves_the_query_and_two_different_keys_are_refused() {
+        let none = HeaderMap::new();
+        let (key, query) = gemini_key(&none, Some("alt=sse&key=AIza%2Dx&pageSize=2")).unwrap();
+        assert_eq!(key.unwrap(), "AIza-x");
+        assert_eq!(query.as_deref(), Some("alt=sse&pageSize=2"));
+        let (key, query) = gemini_key(&none, Some("key=AIza-x")).unwrap();
+        assert_eq!(key.unwrap(), "AIza-x");
+        assert_eq!(query, None);
+        let mut keyed = HeaderMap::new();
+        keyed.insert(GEMINI_KEY_HEADER, HeaderValue::from_static("AIza-x"));
+        assert_eq!(
+            gemini_key(&keyed, Some("key=AIza-x")).unwrap().0.unwrap(),
+            "AIza-x",
+            "the same key in both places is one key"
+        );
+        assert!(gemini_key(&keyed, Some("key=AIza-y")).is_err());
+        assert!(gemini_key(&none, Some("key=AIza-x&key=AIza-y")).is_err());
+        assert_eq!(gemini_key(&none, None).unwrap(), (None, None));
+    }
+
     fn headers(authorization: Option<&str>) -> HeaderMap {
         let mut headers = HeaderMap::new();
         if let Some(value) = authorization {
