@@ -130,9 +130,7 @@ impl Usage {
         let raw = serde_json::from_slice::<Envelope>(body).ok()?.usage?;
         raw.into_usage()
     }
-}
 
-impl Usage {
     /// Gemini's `usageMetadata` (a response's, or a stream chunk's running
     /// total): `promptTokenCount` holds the cached part
     /// (`cachedContentTokenCount`); tool-use prompt tokens are input on top of
