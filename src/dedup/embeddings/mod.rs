@@ -62,32 +62,6 @@ trait Items: Send + Sync + std::fmt::Debug {
     fn assemble(&self, items: &[&[u8]], model: &str, billed: Usage) -> Result<Bytes, String>;
 }
 
-impl Items for ItemizedRequest {
-    fn len(&self) -> usize {
-        ItemizedRequest::len(self)
-    }
-
-    fn item_key_body(&self, item: usize) -> Vec<u8> {
-        ItemizedRequest::item_key_body(self, item)
-    }
-
-    fn upstream_body(&self, items: &[usize]) -> Bytes {
-        ItemizedRequest::upstream_body(self, items)
-    }
-
-    fn known_tokens(&self, item: usize) -> Option<u64> {
-        ItemizedRequest::known_tokens(self, item)
-    }
-
-    fn split_answer(&self, body: &[u8], expected: usize) -> Result<SplitAnswer, String> {
-        wire::split_answer(body, expected)
-    }
-
-    fn assemble(&self, items: &[&[u8]], model: &str, billed: Usage) -> Result<Bytes, String> {
-        wire::assemble(self.format, &self.slots, items, model, billed)
-    }
-}
-
 /// The request's items, in its endpoint's format.
 fn items_of(dedup: &Dedup, request: &DedupRequest) -> Result<Arc<dyn Items>, GatewayError> {
     Ok(match request.endpoint {

@@ -17,7 +17,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::distinct::{Distinct, item_key_body};
+use super::{
+    Items,
+    distinct::{Distinct, item_key_body},
+};
 use crate::{
     config::LimitsConfig,
     error::GatewayError,
@@ -167,15 +170,17 @@ impl ItemizedRequest {
             keyed_rest,
         })
     }
+}
 
-    /// Distinct items.
-    pub fn len(&self) -> usize {
+/// OpenAI's embeddings items: `input` entries.
+impl Items for ItemizedRequest {
+    fn len(&self) -> usize {
         self.items.len()
     }
 
     /// What item `item`'s fingerprint is computed from: the request's other
     /// fields (`encoding_format` excepted) and the item itself.
-    pub fn item_key_body(&self, item: usize) -> Vec<u8> {
+    fn item_key_body(&self, item: usize) -> Vec<u8> {
         item_key_body(
             ITEM_KEY_DOMAIN,
             &self.keyed_rest,
@@ -184,7 +189,7 @@ impl ItemizedRequest {
     }
 
     /// The upstream body asking for `items`, in that order.
-    pub fn upstream_body(&self, items: &[usize]) -> Bytes {
+    fn upstream_body(&self, items: &[usize]) -> Bytes {
         let mut body = self.rest.clone();
         let input: Vec<Value> = items.iter().map(|&i| self.items[i].clone()).collect();
         body.insert("input".to_owned(), Value::Array(input));
@@ -192,11 +197,19 @@ impl ItemizedRequest {
     }
 
     /// The tokens item `item` costs, where the request itself says (token ids).
-    pub fn known_tokens(&self, item: usize) -> Option<u64> {
+    fn known_tokens(&self, item: usize) -> Option<u64> {
         match &self.items[item] {
             Value::Array(tokens) => Some(tokens.len() as u64),
             _ => None,
         }
+    }
+
+    fn split_answer(&self, body: &[u8], expected: usize) -> Result<SplitAnswer, String> {
+        split_answer(body, expected)
+    }
+
+    fn assemble(&self, items: &[&[u8]], model: &str, billed: Usage) -> Result<Bytes, String> {
+        assemble(self.format, &self.slots, items, model, billed)
     }
 }
 
