@@ -481,7 +481,11 @@ pub fn write_canonical(out: &mut Vec<u8>, value: &Value) {
 }
 
 /// `[a,b,…]`, each item written by `write_item`.
-fn write_array(out: &mut Vec<u8>, items: &[Value], write_item: impl Fn(&mut Vec<u8>, &Value)) {
+fn write_array(
+    out: &mut Vec<u8>,
+    items: &[Value],
+    mut write_item: impl FnMut(&mut Vec<u8>, &Value),
+) {
     out.push(b'[');
     for (i, item) in items.iter().enumerate() {
         if i > 0 {
@@ -641,10 +645,8 @@ fn write_messages(
                 }
                 write_entry(out, name, |out| match value {
                     _ if name != keying.content => write_canonical(out, value),
-                    Value::String(text) => write_text(out, text, normalization),
-                    Value::Array(parts) => write_array(out, parts, |out, part| {
-                        write_content_part(out, part, normalization)
-                    }),
+                    Value::String(text) => write_text(out, text, Edges::BOTH, normalization),
+                    Value::Array(parts) => write_parts(out, parts, normalization),
                     other => write_canonical(out, other),
                 })
             })
@@ -653,26 +655,69 @@ fn write_messages(
     });
 }
 
+/// Which edges of a piece of message text are trimmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Edges {
+    start: bool,
+    end: bool,
+}
+
+impl Edges {
+    const BOTH: Self = Self {
+        start: true,
+        end: true,
+    };
+
+    fn trim(self, text: &str) -> &str {
+        match (self.start, self.end) {
+            (true, true) => text.trim(),
+            (true, false) => text.trim_start(),
+            (false, true) => text.trim_end(),
+            (false, false) => text,
+        }
+    }
+}
+
+/// A message's content parts. The provider reads their text as one piece,
+/// so only its outer edges are white space that never changes meaning: the
+/// first text part's start and the last one's end. Trimming every part would
+/// merge prompts that differ inside (`"def f():\n"` + `"    return 1"` and
+/// `"def f():\n"` + `"return 1"`).
+fn write_parts(out: &mut Vec<u8>, parts: &[Value], normalization: Normalization) {
+    let is_text = |part: &Value| matches!(part.get("text"), Some(Value::String(_)));
+    let first = parts.iter().position(is_text);
+    let last = parts.iter().rposition(is_text);
+    let mut at = 0;
+    write_array(out, parts, |out, part| {
+        let edges = Edges {
+            start: Some(at) == first,
+            end: Some(at) == last,
+        };
+        at += 1;
+        write_content_part(out, part, edges, normalization)
+    });
+}
+
 /// A content part; of any part, the `text` field is message text.
-fn write_content_part(out: &mut Vec<u8>, part: &Value, normalization: Normalization) {
+fn write_content_part(out: &mut Vec<u8>, part: &Value, edges: Edges, normalization: Normalization) {
     let Value::Object(fields) = part else {
         write_canonical(out, part);
         return;
     };
     write_object(out, fields, |out, name, value| {
         write_entry(out, name, |out| match value {
-            Value::String(text) if name == "text" => write_text(out, text, normalization),
+            Value::String(text) if name == "text" => write_text(out, text, edges, normalization),
             other => write_canonical(out, other),
         })
     });
 }
 
-/// Message text as a JSON string: trimmed, line endings unified (`\r\n` and
-/// `\r` become `\n`), folded to lower case when asked. Trimming before
-/// unifying gives the same text (both line-ending characters are white space),
-/// so only case folding needs a copy.
-fn write_text(out: &mut Vec<u8>, text: &str, normalization: Normalization) {
-    let trimmed = text.trim();
+/// Message text as a JSON string: trimmed at `edges`, line endings unified
+/// (`\r\n` and `\r` become `\n`), folded to lower case when asked. Trimming
+/// before unifying gives the same text (both line-ending characters are white
+/// space), so only case folding needs a copy.
+fn write_text(out: &mut Vec<u8>, text: &str, edges: Edges, normalization: Normalization) {
+    let trimmed = edges.trim(text);
     if normalization.case_fold {
         write_string(out, &trimmed.to_lowercase(), LineEndings::Unify);
     } else {
@@ -752,10 +797,28 @@ pub(crate) mod tests {
                 match message.get_mut("content") {
                     Some(Value::String(s)) => *s = text(s, normalization),
                     Some(Value::Array(parts)) => {
-                        for part in parts {
-                            if let Some(Value::String(s)) = part.get_mut("text") {
-                                *s = text(s, normalization);
+                        // One piece of text: only its outer edges are trimmed,
+                        // the first text part's start and the last one's end.
+                        let texts: Vec<usize> = (0..parts.len())
+                            .filter(|&i| matches!(parts[i].get("text"), Some(Value::String(_))))
+                            .collect();
+                        for (n, &i) in texts.iter().enumerate() {
+                            let Some(Value::String(s)) = parts[i].get_mut("text") else {
+                                continue;
+                            };
+                            let unified = s.replace("\r\n", "\n").replace('\r', "\n");
+                            let mut piece = unified.as_str();
+                            if n == 0 {
+                                piece = piece.trim_start();
                             }
+                            if n + 1 == texts.len() {
+                                piece = piece.trim_end();
+                            }
+                            *s = if normalization.case_fold {
+                                piece.to_lowercase()
+                            } else {
+                                piece.to_owned()
+                            };
                         }
                     }
                     _ => {}
@@ -872,6 +935,49 @@ pub(crate) mod tests {
                        "messages":[{"role":"user","content":"  hi\r\nthere \n"}]});
         let b = json!({"messages":[{"content":"hi\nthere","role":"user"}],"model":"m"});
         assert_eq!(canonical(a), canonical(b));
+    }
+
+    /// K2: parts are one piece of text. Its outer white space is trimmed,
+    /// the white space between and inside parts (indentation) is meaning.
+    #[test]
+    fn text_parts_are_trimmed_at_the_outer_edges_only() {
+        let parts = |first: &str, second: &str| {
+            canonical(json!({"model":"m","messages":[{"role":"user","content":[
+                {"type":"text","text":first},{"type":"text","text":second}]}]}))
+        };
+        assert_ne!(
+            parts("def f():\n", "    return 1"),
+            parts("def f():\n", "return 1"),
+            "indentation inside the prompt is not white space to trim"
+        );
+        assert_ne!(parts("a ", "b"), parts("a", "b"), "a space between parts");
+        assert_eq!(
+            parts("  def f():\n", "    return 1\n\n"),
+            parts("def f():\n", "    return 1"),
+            "the outer edges are trimmed"
+        );
+        // Gemini's parts: the same rule.
+        let gemini = |first: &str, second: &str| {
+            let body =
+                json!({"contents":[{"role":"user","parts":[{"text":first},{"text":second}]}]});
+            String::from_utf8(canonical_body_with(
+                body.as_object().unwrap(),
+                Normalization::default(),
+                &BodyKeying {
+                    messages: Some("contents"),
+                    content: "parts",
+                    ..BodyKeying::OPENAI
+                },
+            ))
+            .unwrap()
+        };
+        assert_ne!(gemini("x\n", "  y"), gemini("x\n", "y"));
+        // A lone part, a string content: trimmed at both ends as before.
+        let lone = |text: &str| {
+            canonical(json!({"model":"m","messages":[{"role":"user","content":[
+                {"type":"text","text":text}]}]}))
+        };
+        assert_eq!(lone("  hi \n"), lone("hi"));
     }
 
     #[test]

@@ -124,6 +124,22 @@ pub struct AccessLog {
     format: LogFormat,
 }
 
+/// The longest text a log field, span field or trace attribute takes from a
+/// request (its path, its model): a caller's 64 KiB path or 7 MB `model`,
+/// in every line and in every span an export queue holds, would otherwise
+/// cost far more than the request did. Real paths and model names are short.
+pub const LONGEST_FIELD: usize = 256;
+
+/// `text` cut to [`LONGEST_FIELD`] bytes on a character boundary (borrowed:
+/// a real path is never copied for it).
+pub fn clipped(text: &str) -> &str {
+    let mut end = text.len().min(LONGEST_FIELD);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// What one access-log line says.
 #[derive(Debug, Clone, Copy)]
 pub struct AccessLine<'a> {

@@ -180,7 +180,7 @@ impl Traces {
         };
         let mut attributes = Vec::with_capacity(6);
         attributes.push(KeyValue::new("http.request.method", method.to_string()));
-        attributes.push(KeyValue::new("url.path", path.to_owned()));
+        attributes.push(KeyValue::new("url.path", bounded(path)));
         attributes.push(KeyValue::new("corral.request_id", request_id.to_owned()));
         if let Some(route) = route {
             attributes.push(KeyValue::new("http.route", route));
@@ -318,15 +318,11 @@ pub fn record_answer(usage: Option<Usage>, body: &[u8]) {
 /// The longest text an attribute takes from a request or an answer: a
 /// caller's 7 MB `model`, times the export queue's spans, would otherwise
 /// hold gigabytes while a collector is slow. Real model names are far shorter.
-pub const LONGEST_ATTRIBUTE: usize = 256;
+pub const LONGEST_ATTRIBUTE: usize = crate::telemetry::LONGEST_FIELD;
 
 /// `text`, cut to [`LONGEST_ATTRIBUTE`] bytes on a character boundary.
 fn bounded(text: &str) -> String {
-    let mut end = text.len().min(LONGEST_ATTRIBUTE);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+    crate::telemetry::clipped(text).to_owned()
 }
 
 fn saturating_i64(n: u64) -> i64 {

@@ -151,7 +151,7 @@ where
                 "request",
                 request_id = %id.to_str().unwrap_or_default(),
                 method = %method,
-                path = %path,
+                path = %telemetry::clipped(path),
             )
         };
         // With traces on, an API request's server span (continuing the
@@ -280,7 +280,7 @@ fn record(
         let line = AccessLine {
             request_id: id.to_str().unwrap_or_default(),
             method: method.as_str(),
-            path,
+            path: telemetry::clipped(path),
             status: response.status().as_u16(),
             cache: if endpoint.is_some() { cache } else { "-" },
             fingerprint,

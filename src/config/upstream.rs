@@ -32,7 +32,11 @@ pub struct UpstreamConfig {
     #[schemars(with = "String")]
     #[serde(default = "default_request_timeout", with = "humantime_serde")]
     pub request_timeout: Duration,
-    /// Bound on one attempt until the response headers arrive.
+    /// Bound on a deduplicated stream's response head: at least this, and as
+    /// long as the stream's first event may take (`coalesce.first_event_timeout`),
+    /// since some providers send the head only with the first token. A
+    /// non-stream call's head comes with its answer (`request_timeout`), and so
+    /// does a pass-through job's (an image or a transcription answers when done).
     #[schemars(with = "String")]
     #[serde(default = "default_first_byte_timeout", with = "humantime_serde")]
     pub first_byte_timeout: Duration,

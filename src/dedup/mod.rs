@@ -301,7 +301,7 @@ impl RawRequest {
     /// The span of the request's logs: its path, Gemini's as it came.
     fn span(&self, caller: &Caller) -> tracing::Span {
         match &self.call {
-            Some(call) => caller.span_at(call.path()),
+            Some(call) => caller.span_at(crate::telemetry::clipped(call.path())),
             None => caller.span(self.endpoint),
         }
     }

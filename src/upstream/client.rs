@@ -40,7 +40,11 @@ struct Target {
     base: reqwest::Url,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
-    first_byte_timeout: Duration,
+    /// How long a deduplicated stream's response head may take: as long as
+    /// its first event may (`coalesce.first_event_timeout`), since some
+    /// providers send the head only with the first token; at least
+    /// `first_byte_timeout`, at most `request_timeout`.
+    stream_head_timeout: Duration,
     /// Per upstream, so each has its own connect timeout.
     client: reqwest::Client,
     guard: UpstreamGuard,
@@ -84,6 +88,48 @@ pub struct Buffered {
     pub elapsed: Duration,
 }
 
+/// What one attempt awaits, and for how long.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// The whole exchange, head and body: a buffered call.
+    Whole(Duration),
+    /// The response head only: a streamed call, whose body is bounded by
+    /// its reader (`body::bounded`, the stream relay).
+    Head(Duration),
+}
+
+/// Which failed attempts are the provider's failure, counted against the
+/// upstream's breaker that every tenant shares.
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    /// Every provider failure ([`is_upstream_failure`]).
+    Failures,
+    /// As `Failures`, but not an attempt that ran out of time: a
+    /// pass-through job (an image, a transcription) takes as long as its
+    /// caller asked for, which says nothing of the provider's health.
+    FailuresButSlowness,
+}
+
+impl Counted {
+    fn is_failure(self, error: &GatewayError) -> bool {
+        match self {
+            Self::Failures => is_upstream_failure(error),
+            Self::FailuresButSlowness => {
+                !matches!(error, GatewayError::UpstreamTimeout { .. }) && is_upstream_failure(error)
+            }
+        }
+    }
+}
+
+/// How a streamed call's head is awaited and judged.
+#[derive(Debug, Clone, Copy)]
+struct StreamHead {
+    wait: Duration,
+    /// Whether a retryable status is retried at all.
+    retry_statuses: bool,
+    counted: Counted,
+}
+
 impl Upstream {
     pub fn new(config: &Config, metrics: Metrics) -> anyhow::Result<Self> {
         Self::guarded(
@@ -122,7 +168,10 @@ impl Upstream {
                     base: reqwest::Url::parse(&u.base_url)?,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
-                    first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
+                    stream_head_timeout: u
+                        .first_byte_timeout
+                        .max(config.coalesce.first_event_timeout)
+                        .min(u.request_timeout),
                     client,
                     guard: UpstreamGuard::new(u, &config.retry, clock.clone()),
                 })
@@ -171,6 +220,7 @@ impl Upstream {
     async fn protected<T, F, Fut>(
         &self,
         outbound: &Outbound,
+        counted: Counted,
         mut attempt: F,
     ) -> (Result<T, GatewayError>, usize)
     where
@@ -214,7 +264,7 @@ impl Upstream {
                     );
                 }
                 match &result {
-                    Err(err) if is_upstream_failure(&err.error) => {
+                    Err(err) if counted.is_failure(&err.error) => {
                         *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
                     }
                     _ => ticket.success(),
@@ -295,9 +345,9 @@ impl Upstream {
         outbound: &Outbound,
     ) -> (Result<(StatusCode, HeaderMap, Bytes), GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
-        self.protected(outbound, || async {
+        self.protected(outbound, Counted::Failures, || async {
             let response = self
-                .send_once(outbound, Some(target.request_timeout))
+                .send_once(outbound, Wait::Whole(target.request_timeout))
                 .await?;
             let status = response.status();
             let headers = response.headers().clone();
@@ -322,7 +372,12 @@ impl Upstream {
         model: &ModelLabel,
     ) -> Result<reqwest::Response, GatewayError> {
         let started = Instant::now();
-        let (result, attempts) = self.streaming_attempts(outbound, true).await;
+        let head = StreamHead {
+            wait: self.targets[outbound.upstream].stream_head_timeout,
+            retry_statuses: true,
+            counted: Counted::Failures,
+        };
+        let (result, attempts) = self.streaming_attempts(outbound, head).await;
         let code = result.as_ref().map(reqwest::Response::status);
         let status = match &code {
             Ok(code) => code.as_str(),
@@ -340,26 +395,35 @@ impl Upstream {
     /// create or bill anything twice (`GET`, `HEAD`, a token count): a slow
     /// image generation that ends in a 500 may have been made, and billed, all
     /// the same.
+    ///
+    /// An image or audio job answers only when it is done: its head may take
+    /// the whole `request_timeout`, and a job that outlasts even that is the
+    /// caller's slow job, not a sick provider, so it opens no breaker that
+    /// every tenant shares.
     pub async fn call_streaming(
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
-        let retry_statuses =
-            is_safe(&outbound.method) || FREE_TO_RESEND.contains(&outbound.path.as_ref());
-        let (result, _attempts) = self.streaming_attempts(outbound, retry_statuses).await;
+        let head = StreamHead {
+            wait: self.targets[outbound.upstream].request_timeout,
+            retry_statuses: is_safe(&outbound.method)
+                || FREE_TO_RESEND.contains(&outbound.path.as_ref()),
+            counted: Counted::FailuresButSlowness,
+        };
+        let (result, _attempts) = self.streaming_attempts(outbound, head).await;
         let target = &self.targets[outbound.upstream];
         result.map_err(|err| name_timeout(err, &target.name))
     }
 
-    /// `retry_statuses`: whether a retryable status is retried at all.
     async fn streaming_attempts(
         &self,
         outbound: &Outbound,
-        retry_statuses: bool,
+        head: StreamHead,
     ) -> (Result<reqwest::Response, GatewayError>, usize) {
         let target = &self.targets[outbound.upstream];
-        self.protected(outbound, || async {
-            let response = self.send_once(outbound, None).await?;
+        let retry_statuses = head.retry_statuses;
+        self.protected(outbound, head.counted, || async {
+            let response = self.send_once(outbound, Wait::Head(head.wait)).await?;
             let status = response.status();
             if status.is_success() {
                 return Ok(response);
@@ -376,13 +440,13 @@ impl Upstream {
         .await
     }
 
-    /// Sends the request once; with `timeout`, the whole exchange is bounded
-    /// by it (a buffered call), else the response headers by the first-byte
-    /// timeout (a streamed call, whose body has bounds of its own).
+    /// Sends the request once, awaiting what `wait` says: the whole exchange
+    /// (a buffered call), or the response head (a streamed call, whose body
+    /// has bounds of its own).
     async fn send_once(
         &self,
         outbound: &Outbound,
-        timeout: Option<Duration>,
+        wait: Wait,
     ) -> Result<reqwest::Response, AttemptError> {
         let target = &self.targets[outbound.upstream];
         let url = confined_url(&target.base, &outbound.path, outbound.query.as_deref())
@@ -402,7 +466,7 @@ impl Upstream {
         }
         request = authenticate(request, target.api, target.api_key.as_ref(), outbound)
             .map_err(AttemptError::fatal)?;
-        if let Some(timeout) = timeout {
+        if let Wait::Whole(timeout) = wait {
             request = request.timeout(timeout);
         }
         if traces::active() {
@@ -413,18 +477,15 @@ impl Upstream {
         if !outbound.body.is_empty() || outbound.method == Method::POST {
             request = request.body(outbound.body.clone());
         }
-        // Until the response headers: `first_byte_timeout` (the whole exchange,
-        // when buffered, is bounded by `timeout` on the request itself).
         // Past the connection, the provider may have the request and be
         // computing it (and billing it): it is sent again only when that
         // cannot cost twice.
         let resend = self.retry.resend_sent_requests || is_safe(&outbound.method);
         // A buffered call's head comes with its whole answer (a reasoning
-        // model's, after minutes): only `timeout` bounds it. A streamed
-        // call's head comes first, within `first_byte_timeout`.
-        let head_timeout = match timeout {
-            Some(total) => total,
-            None => target.first_byte_timeout,
+        // model's, after minutes): only its total bounds it (also set on the
+        // request itself, for the body).
+        let head_timeout = match wait {
+            Wait::Whole(total) | Wait::Head(total) => total,
         };
         let response = match tokio::time::timeout(head_timeout, request.send()).await {
             Ok(response) => response,

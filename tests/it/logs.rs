@@ -309,3 +309,45 @@ async fn json_logs_are_one_object_per_line_and_redacted() {
         "the provider key was used"
     );
 }
+
+/// W3: a caller's long path (a 30 KB file id, a 30 KB Gemini model name) goes
+/// into the request span, the access line and the flight's span clipped,
+/// like the model name: a line costs the log what a real path does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_path_is_clipped_in_every_log_line() {
+    let provider = MockProvider::start(MockSettings::default()).await.unwrap();
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: mock\n    base_url: http://127.0.0.1:1/v1\n  - name: gemini\n    api: gemini\n    base_url: http://{}/v1beta\n    models: [\"gemini-*\"]\n",
+        provider.addr()
+    );
+    let corral = Corral::start_with(&yaml, &provider, &[]).await;
+    let long = "q".repeat(30_000);
+    let file = corral
+        .post(&format!("/v1/files/file-{long}"), String::new(), &[])
+        .await;
+    let _ = file.bytes().await;
+    let gemini = corral
+        .post(
+            &format!("/v1beta/models/gemini-{long}:generateContent"),
+            json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}).to_string(),
+            &[("x-goog-api-key", "AIza-log-test")],
+        )
+        .await;
+    let _ = gemini.bytes().await;
+    let logs = corral.logs().await;
+    let run = "q".repeat(corral::telemetry::LONGEST_FIELD + 1);
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("/v1/files/file-qqqq")),
+        "the request is logged, its path clipped:\n{}",
+        &logs[..logs.len().min(4000)]
+    );
+    for line in logs.lines() {
+        assert!(
+            !line.contains(&run),
+            "a line carries more than {} bytes of the path: {}...",
+            corral::telemetry::LONGEST_FIELD,
+            &line[..line.len().min(300)]
+        );
+    }
+}

@@ -216,3 +216,97 @@ async fn a_stream_that_falls_silent_ends_with_an_error_for_every_reader_and_is_n
         "no lock left and nothing cached: {keys:?}"
     );
 }
+
+/// R2: an image job answers only when it is drawn. Its head may take the
+/// whole `request_timeout`, not `first_byte_timeout` (a 504 after a job the
+/// provider goes on drawing, and billing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_pass_through_job_is_answered_past_first_byte_timeout() {
+    let gateway = TestGateway::start(|config| {
+        config.upstreams[0].first_byte_timeout = Duration::from_millis(200);
+        config.upstreams[0].request_timeout = Duration::from_secs(60);
+    })
+    .await;
+    gateway.provider.set_latency(Duration::from_millis(1500));
+    let image = serde_json::json!({"model": "gpt-image-1", "prompt": "a corral at dusk"});
+    let reply = gateway.post("/v1/images/generations", &image).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(
+        reply.json()["data"][0]["revised_prompt"],
+        "a corral at dusk"
+    );
+    assert_eq!(gateway.provider.calls(), 1);
+}
+
+/// R2: pass-through jobs that outlast even `request_timeout` are their
+/// callers' slow jobs, not a sick provider: they open no breaker, so another
+/// tenant's chat is still served (two failures would open this one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_pass_through_jobs_open_no_breaker_for_other_tenants() {
+    let gateway = TestGateway::start(|config| {
+        config.upstreams[0].first_byte_timeout = Duration::from_millis(200);
+        config.upstreams[0].request_timeout = Duration::from_millis(400);
+        config.upstreams[0].breaker_failures = 2;
+    })
+    .await;
+    gateway.provider.set_latency(Duration::from_secs(2));
+    let image = serde_json::json!({"model": "gpt-image-1", "prompt": "a very slow drawing"});
+    for _ in 0..3 {
+        let reply = gateway.post("/v1/images/generations", &image).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::GATEWAY_TIMEOUT,
+            "{}",
+            reply.json()
+        );
+    }
+    gateway.provider.set_latency(Duration::ZERO);
+    let reply = gateway
+        .post_with(
+            PATH,
+            &chat("another tenant's question"),
+            &[("authorization", "Bearer sk-other")],
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "the circuit stayed closed: {}",
+        reply.json()
+    );
+}
+
+/// R3: a provider that sends a stream's head only with its first token (after
+/// thinking) is waited on as long as the first event may be, not cut at
+/// `first_byte_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_head_comes_with_its_first_token_waits_for_it() {
+    let gateway = TestGateway::start(|config| {
+        config.upstreams[0].first_byte_timeout = Duration::from_millis(200);
+        config.upstreams[0].request_timeout = Duration::from_secs(60);
+        config.coalesce.first_event_timeout = Duration::from_secs(30);
+    })
+    .await;
+    gateway.provider.set_latency(Duration::from_millis(1500));
+    for (body, what) in [
+        (streamed(chat("a head that thinks first")), "coalesced"),
+        (
+            streamed(chat("a no-store head that thinks first")),
+            "no-store",
+        ),
+    ] {
+        let headers: &[(&str, &str)] = if what == "no-store" {
+            &[("cache-control", "no-store")]
+        } else {
+            &[]
+        };
+        let reply = gateway.post_with(PATH, &body, headers).await;
+        assert_eq!(reply.status, StatusCode::OK, "{what}: {:?}", reply.body);
+        assert!(
+            String::from_utf8_lossy(&reply.body).contains("data: [DONE]"),
+            "{what}: the stream completes: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    assert_eq!(gateway.provider.calls(), 2);
+}
