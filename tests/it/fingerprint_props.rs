@@ -392,9 +392,12 @@ fn respace_messages(body: &mut Map<String, Value>, seed: u64) {
             .map(|_| [' ', '\t', '\n', '\r'][dice.below(4)])
             .collect()
     };
-    let mut respace = |text: &mut String| {
+    // Padding goes only where the text as a whole begins or ends: parts are
+    // one piece of text, and white space between them is meaning (K2).
+    let mut respace = |text: &mut String, start: bool, end: bool| {
         let unified = text.replace("\r\n", "\n").replace('\r', "\n");
-        let (left, right) = (pad(&mut dice), pad(&mut dice));
+        let left = if start { pad(&mut dice) } else { String::new() };
+        let right = if end { pad(&mut dice) } else { String::new() };
         *text = format!("{left}{}{right}", unified.replace('\n', "\r\n"));
     };
     let Some(Value::Array(messages)) = body.get_mut("messages") else {
@@ -402,11 +405,14 @@ fn respace_messages(body: &mut Map<String, Value>, seed: u64) {
     };
     for message in messages {
         match &mut message["content"] {
-            Value::String(text) => respace(text),
+            Value::String(text) => respace(text, true, true),
             Value::Array(parts) => {
-                for part in parts {
-                    if let Value::String(text) = &mut part["text"] {
-                        respace(text);
+                let texts: Vec<usize> = (0..parts.len())
+                    .filter(|&i| parts[i]["text"].is_string())
+                    .collect();
+                for (n, &i) in texts.iter().enumerate() {
+                    if let Value::String(text) = &mut parts[i]["text"] {
+                        respace(text, n == 0, n + 1 == texts.len());
                     }
                 }
             }
