@@ -40,6 +40,8 @@ struct Target {
     base: reqwest::Url,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
+    /// How long a read's response head may take (a pass-through `GET`).
+    first_byte_timeout: Duration,
     /// How long a deduplicated stream's response head may take: as long as
     /// its first event may (`coalesce.first_event_timeout`), since some
     /// providers send the head only with the first token; at least
@@ -168,6 +170,7 @@ impl Upstream {
                     base: reqwest::Url::parse(&u.base_url)?,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
+                    first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
                     stream_head_timeout: u
                         .first_byte_timeout
                         .max(config.coalesce.first_event_timeout)
@@ -396,22 +399,31 @@ impl Upstream {
     /// image generation that ends in a 500 may have been made, and billed, all
     /// the same.
     ///
-    /// An image or audio job answers only when it is done: its head may take
-    /// the whole `request_timeout`, and a job that outlasts even that is the
-    /// caller's slow job, not a sick provider, so it opens no breaker that
-    /// every tenant shares.
+    /// A job (an image, a transcription: any `POST`) answers only when it is
+    /// done: its head may take the whole `request_timeout`, and a job that
+    /// outlasts even that is the caller's slow job, not a sick provider, so
+    /// it opens no breaker that every tenant shares. A read (`GET`, `HEAD`)
+    /// has its head within `first_byte_timeout`, like a stream's.
     pub async fn call_streaming(
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
+        let target = &self.targets[outbound.upstream];
+        let read = is_safe(&outbound.method);
         let head = StreamHead {
-            wait: self.targets[outbound.upstream].request_timeout,
-            retry_statuses: is_safe(&outbound.method)
-                || FREE_TO_RESEND.contains(&outbound.path.as_ref()),
-            counted: Counted::FailuresButSlowness,
+            wait: if read {
+                target.first_byte_timeout
+            } else {
+                target.request_timeout
+            },
+            retry_statuses: read || FREE_TO_RESEND.contains(&outbound.path.as_ref()),
+            counted: if read {
+                Counted::Failures
+            } else {
+                Counted::FailuresButSlowness
+            },
         };
         let (result, _attempts) = self.streaming_attempts(outbound, head).await;
-        let target = &self.targets[outbound.upstream];
         result.map_err(|err| name_timeout(err, &target.name))
     }
 
