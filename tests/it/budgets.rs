@@ -10,7 +10,6 @@ use corral::{
     budget::BudgetRule,
     config::{Api, Config, ModelPrice, PriceTable, TenantLimitsConfig},
 };
-use http::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -86,9 +85,10 @@ async fn post_as(gateway: &TestGateway, key: &str, path: &str, body: &Value) -> 
 
 /// The tenant's name as budgets and `/stats` know it.
 fn tenant_of(gateway: &TestGateway, key: &str) -> std::sync::Arc<str> {
-    let mut headers = HeaderMap::new();
-    headers.insert("authorization", auth(key).parse().unwrap());
-    gateway.state.auth().tenant_label(&headers, None)
+    gateway
+        .state
+        .auth()
+        .tenant_label(Some(key.as_bytes()), None)
 }
 
 fn remaining(reply: &Reply) -> f64 {
