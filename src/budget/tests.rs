@@ -207,3 +207,46 @@ fn ended_windows_are_forgotten_without_a_store_too() {
         "only the current window is kept"
     );
 }
+
+#[test]
+fn a_tenant_is_told_only_its_own_budgets_and_metrics_see_rules_not_tenants() {
+    let (budgets, _) = budgets(
+        vec![
+            rule(Some("*"), None, 0.01, "day"),
+            rule(Some("team-b"), None, 1.0, "day"),
+            rule(None, Some("openai"), 0.005, "day"),
+        ],
+        None,
+    );
+    let (a, c, b, up) = (name("a"), name("c"), name("team-b"), name("openai"));
+    budgets.spend(&a, &up, Some(FOUR_MILLIDOLLARS), 1);
+    budgets.spend(&c, &up, Some(FOUR_MILLIDOLLARS / 2), 1);
+    // The upstream's $0.005 is nearly spent by both; each is told its own `*` budget.
+    assert_eq!(budgets.remaining_usd(&a), Some(0.006));
+    assert_eq!(budgets.remaining_usd(&c), Some(0.008));
+    assert_eq!(budgets.remaining_usd(&b), Some(1.0));
+    let only_upstream = Budgets::new(
+        vec![rule(None, Some("openai"), 1.0, "day")],
+        None,
+        100,
+        Arc::new(ManualClock::new(NOW)),
+        None,
+    );
+    assert_eq!(
+        only_upstream.remaining_usd(&a),
+        None,
+        "not a tenant's budget"
+    );
+    // /stats: each tenant under `*`; /metrics: one use per rule, the `*`
+    // rule's spend the most one tenant spent.
+    assert_eq!(budgets.uses().len(), 4);
+    let rules = budgets.rule_uses();
+    let subjects: Vec<&str> = rules.iter().map(|used| used.subject.as_str()).collect();
+    assert_eq!(
+        subjects,
+        ["every tenant", "tenant team-b", "upstream openai"]
+    );
+    assert_eq!(rules[0].spent_usd, 0.004);
+    assert_eq!(rules[0].remaining_usd, 0.006);
+    assert_eq!(rules[2].spent_usd, 0.006);
+}
