@@ -145,6 +145,16 @@ pub enum GatewayError {
          a Gemini request (or key) is never sent to another provider"
     )]
     NoGeminiUpstream { path: String },
+    /// The caller's credential has the form of another provider's key than
+    /// the upstream it would be forwarded to (`auth::Provider`): refused
+    /// before it leaves, never sent there. The key itself is never echoed.
+    #[error(
+        "the API key has the form of a {owner} credential, and upstream `{upstream}` is not          {owner}'s; corral sends a caller's key only to the provider it belongs to"
+    )]
+    ForeignCredential {
+        owner: &'static str,
+        upstream: String,
+    },
     /// A pass-through path that could leave the provider's API (`passthrough.rs`).
     #[error("the request path is refused: {reason}; corral forwards only plain /v1/ paths")]
     PathRefused { reason: &'static str },
@@ -327,6 +337,12 @@ impl GatewayError {
                 "server_error",
                 Some("shutting_down"),
                 "overloaded_error",
+            ),
+            Self::ForeignCredential { .. } => map(
+                S::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("foreign_credential"),
+                "authentication_error",
             ),
             Self::NoGeminiUpstream { .. } => map(
                 S::NOT_FOUND,

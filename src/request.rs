@@ -302,22 +302,21 @@ impl DedupRequest {
         wire.check(&body, rules.limits)?;
         let stream = call.map_or_else(|| wire.is_stream(&body), GeminiCall::stream);
 
-        // `Authorization: Bearer` or `x-api-key`: one key, one tenant, whichever
-        // header. A Gemini request's key (`x-goog-api-key` or `?key=`) goes
-        // upstream as itself, and the query keeps no key.
+        // The caller's credential wherever it was sent (`auth::credential`):
+        // one key, one tenant. A Gemini request's (`x-goog-api-key`, `?key=`,
+        // an OAuth token in the query) is the one that goes upstream, and the
+        // query keeps none.
+        let credential = auth::credential(headers, query)?;
+        let credential = credential.as_deref();
         let framing = wire.stream_framing(query);
-        let (authorization, gemini_key, query) = if wire.api() == Api::Gemini {
-            let (key, rest) = auth::gemini_key(headers, query)?;
-            (key.clone(), key, rest)
+        let (authorization, query) = if wire.api() == Api::Gemini {
+            auth::gemini_key(headers, query)?
         } else {
             (
                 auth::forwarded_credential(headers),
-                None,
                 query.map(str::to_owned),
             )
         };
-        let credential =
-            auth::credential(headers).or(gemini_key.as_ref().map(HeaderValue::as_bytes));
         let scope = match cache.scope {
             CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
             CacheScope::Global => TenantScope::global(),

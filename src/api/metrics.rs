@@ -33,6 +33,6 @@ pub(super) async fn refresh_live(app: &AppState) {
         cache,
     });
     if app.budgets().is_active() {
-        app.metrics().set_budgets(&app.budgets().uses());
+        app.metrics().set_budgets(&app.budgets().rule_uses());
     }
 }

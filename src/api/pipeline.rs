@@ -357,17 +357,11 @@ where
     B::Error: Into<axum::BoxError>,
 {
     let mut places = app.limits().admit()?;
-    // A Gemini key may come in the query (`?key=`): one key, one tenant, in
-    // whichever place it came.
-    let in_query = request
-        .uri()
-        .query()
-        .filter(|_| crate::auth::credential(request.headers()).is_none())
-        .and_then(|query| crate::auth::query_key(Some(query)));
-    let tenant = match in_query {
-        Some(key) => app.auth().authenticate_credential(Some(key.as_bytes()))?,
-        None => app.auth().authenticate(request.headers())?,
-    };
+    // The caller's credential wherever it was sent (a Gemini key or OAuth
+    // token may come in the query): one key, one tenant (`auth::credential`).
+    let tenant = app
+        .auth()
+        .authenticate(request.headers(), request.uri().query())?;
     app.limits().admit_tenant(&tenant, &mut places)?;
     let (parts, body) = request.into_parts();
     let limit = app.config().limits.max_body_bytes;

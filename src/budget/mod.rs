@@ -442,23 +442,21 @@ impl Budgets {
         }
     }
 
-    /// What is left of the budgets covering `tenant` and `upstream`, in USD:
-    /// the least of them, never below 0; `None` when no budget covers either.
-    pub fn remaining_usd(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Option<f64> {
+    /// What is left of `tenant`'s own budgets (the rules naming it, else the
+    /// `*` ones, each its own), in USD: the least of them, never below 0;
+    /// `None` when none covers it. An upstream's cap is every tenant's, so
+    /// what is left of it would tell one tenant the others' spend: it is not
+    /// counted here.
+    pub fn remaining_usd(&self, tenant: &Arc<str>) -> Option<f64> {
         if self.rules.is_empty() {
             return None;
         }
         let now = self.clock.now_ms();
         let state = self.lock();
-        // The names are the attribution's own `Arc`s: a counter key costs a count, not a copy.
-        let (tenant_name, upstream_name) = (tenant.clone(), upstream.clone());
         self.tenant_rules(tenant)
-            .map(|rule| (rule, Subject::Tenant(tenant_name.clone())))
-            .chain(
-                self.upstream_rules(upstream)
-                    .map(|rule| (rule, Subject::Upstream(upstream_name.clone()))),
-            )
-            .map(|(rule, subject)| {
+            .map(|rule| {
+                // The name is the attribution's own `Arc`: a counter key costs a count, not a copy.
+                let subject = Subject::Tenant(tenant.clone());
                 let counter = Counter::at(now, rule.per, subject, Measure::Nanodollars);
                 let used = state.counts.get(&counter).map_or(0, Count::total);
                 rule.limit_nanos().unwrap_or(u64::MAX).saturating_sub(used) as f64 / 1e9
@@ -466,72 +464,87 @@ impl Budgets {
             .reduce(f64::min)
     }
 
+    /// Each rule's use in its current window, once per rule, for `/metrics`,
+    /// whose labels are never tenants: a `*` rule's spend is the most any one
+    /// tenant spent under it (the one nearest its cap). `/stats` shows each
+    /// tenant's ([`uses`](Self::uses)).
+    pub fn rule_uses(&self) -> Vec<BudgetUse> {
+        let now = self.clock.now_ms();
+        let state = self.lock();
+        let named = self.named_tenants();
+        let mut uses = Vec::new();
+        for rule in &self.rules {
+            let window = rule.per.window(now);
+            let used = match (&rule.tenant, &rule.upstream) {
+                (Some(every), _) if every == EVERY_TENANT => {
+                    counted_under_every(&state, rule.per, window, &named)
+                        .map(|(_, used)| used)
+                        .max()
+                        .unwrap_or(0)
+                }
+                (Some(tenant), _) => used_in(
+                    &state,
+                    rule,
+                    window,
+                    Subject::Tenant(tenant.as_str().into()),
+                ),
+                (None, Some(upstream)) => used_in(
+                    &state,
+                    rule,
+                    window,
+                    Subject::Upstream(upstream.as_str().into()),
+                ),
+                (None, None) => continue,
+            };
+            uses.push(BudgetUse::of(rule, window, rule.subject(), used));
+        }
+        uses
+    }
+
+    /// The tenants rules name (a `*` rule counts every other).
+    fn named_tenants(&self) -> HashSet<&str> {
+        self.rules
+            .iter()
+            .filter_map(|rule| rule.tenant.as_deref())
+            .filter(|tenant| *tenant != EVERY_TENANT)
+            .collect()
+    }
+
     /// Each budget's use in its current window: a named rule once, a `*` rule
     /// once per tenant it counted there, an upstream rule once.
     pub fn uses(&self) -> Vec<BudgetUse> {
         let now = self.clock.now_ms();
         let state = self.lock();
-        let named: HashSet<&str> = self
-            .rules
-            .iter()
-            .filter_map(|rule| rule.tenant.as_deref())
-            .filter(|tenant| *tenant != EVERY_TENANT)
-            .collect();
+        let named = self.named_tenants();
         let mut uses = Vec::new();
         for rule in &self.rules {
             let window = rule.per.window(now);
-            let limit = rule.limit_nanos().unwrap_or(u64::MAX);
-            let mut add = |subject: String, used: u64| {
-                uses.push(BudgetUse {
-                    subject,
-                    per: rule.per.to_string(),
-                    window_start_ms: window.start_ms,
-                    window_end_ms: window.end_ms,
-                    usd: rule.usd,
-                    spent_usd: used as f64 / 1e9,
-                    remaining_usd: limit.saturating_sub(used) as f64 / 1e9,
-                });
-            };
-            let used_by = |subject: Subject| {
-                let counter = Counter {
-                    period: rule.per,
-                    window,
-                    subject,
-                    measure: Measure::Nanodollars,
-                };
-                state.counts.get(&counter).map_or(0, Count::total)
-            };
             match (&rule.tenant, &rule.upstream) {
                 (Some(every), _) if every == EVERY_TENANT => {
-                    let mut tenants: Vec<(&Arc<str>, u64)> = state
-                        .counts
-                        .iter()
-                        .filter_map(|(counter, count)| match &counter.subject {
-                            Subject::Tenant(name)
-                                if counter.period == rule.per
-                                    && counter.window == window
-                                    && counter.measure == Measure::Nanodollars
-                                    && !named.contains(&**name) =>
-                            {
-                                Some((name, count.total()))
-                            }
-                            _ => None,
-                        })
-                        .collect();
+                    let mut tenants: Vec<(&Arc<str>, u64)> =
+                        counted_under_every(&state, rule.per, window, &named).collect();
                     tenants.sort();
                     for (name, used) in tenants {
-                        add(format!("tenant {name}"), used);
+                        uses.push(BudgetUse::of(rule, window, format!("tenant {name}"), used));
                     }
                 }
-                (Some(tenant), _) => add(
-                    rule.subject(),
-                    used_by(Subject::Tenant(tenant.as_str().into())),
-                ),
-                (None, Some(upstream)) => {
-                    add(
-                        rule.subject(),
-                        used_by(Subject::Upstream(upstream.as_str().into())),
+                (Some(tenant), _) => {
+                    let used = used_in(
+                        &state,
+                        rule,
+                        window,
+                        Subject::Tenant(tenant.as_str().into()),
                     );
+                    uses.push(BudgetUse::of(rule, window, rule.subject(), used));
+                }
+                (None, Some(upstream)) => {
+                    let used = used_in(
+                        &state,
+                        rule,
+                        window,
+                        Subject::Upstream(upstream.as_str().into()),
+                    );
+                    uses.push(BudgetUse::of(rule, window, rule.subject(), used));
                 }
                 (None, None) => {}
             }
@@ -629,6 +642,57 @@ impl Budgets {
         }
         windows
     }
+}
+
+impl BudgetUse {
+    /// `rule`'s use by `subject`, `used` nanodollars in `window`.
+    fn of(rule: &BudgetRule, window: Window, subject: String, used: u64) -> Self {
+        let limit = rule.limit_nanos().unwrap_or(u64::MAX);
+        Self {
+            subject,
+            per: rule.per.to_string(),
+            window_start_ms: window.start_ms,
+            window_end_ms: window.end_ms,
+            usd: rule.usd,
+            spent_usd: used as f64 / 1e9,
+            remaining_usd: limit.saturating_sub(used) as f64 / 1e9,
+        }
+    }
+}
+
+/// What `subject` spent against `rule` in `window`, in nanodollars.
+fn used_in(state: &State, rule: &BudgetRule, window: Window, subject: Subject) -> u64 {
+    let counter = Counter {
+        period: rule.per,
+        window,
+        subject,
+        measure: Measure::Nanodollars,
+    };
+    state.counts.get(&counter).map_or(0, Count::total)
+}
+
+/// The tenants a `*` rule of `period` counted in `window` (every tenant no
+/// rule names), with what each spent.
+fn counted_under_every<'a>(
+    state: &'a State,
+    period: Period,
+    window: Window,
+    named: &'a HashSet<&str>,
+) -> impl Iterator<Item = (&'a Arc<str>, u64)> + 'a {
+    state
+        .counts
+        .iter()
+        .filter_map(move |(counter, count)| match &counter.subject {
+            Subject::Tenant(name)
+                if counter.period == period
+                    && counter.window == window
+                    && counter.measure == Measure::Nanodollars
+                    && !named.contains(&**name) =>
+            {
+                Some((name, count.total()))
+            }
+            _ => None,
+        })
 }
 
 fn tenants_in(state: &State, period: Period, window: Window) -> usize {

@@ -55,7 +55,7 @@ async fn a_tenant_is_served_until_its_spend_reaches_the_budget_and_others_are_no
         budgets.admit(&a, &up).await.unwrap();
         budgets.spend(&a, &up, Some(FOUR_MILLIDOLLARS), 100);
     }
-    assert_eq!(budgets.remaining_usd(&a, &up), Some(0.002));
+    assert_eq!(budgets.remaining_usd(&a), Some(0.002));
     budgets.admit(&a, &up).await.expect("$0.008 of $0.01 spent");
     budgets.spend(&a, &up, Some(FOUR_MILLIDOLLARS), 100);
     let (retry_after, what, code) = refusal(budgets.admit(&a, &up).await);
@@ -69,7 +69,7 @@ async fn a_tenant_is_served_until_its_spend_reaches_the_budget_and_others_are_no
         what.contains("every tenant") && what.contains("0.01") && what.contains("day"),
         "{what}"
     );
-    assert_eq!(budgets.remaining_usd(&a, &up), Some(0.0), "never below 0");
+    assert_eq!(budgets.remaining_usd(&a), Some(0.0), "never below 0");
     // Another tenant under the `*` rule has its own budget; a named one its own rule.
     budgets.admit(&name("c"), &up).await.unwrap();
     budgets.spend(&b, &up, Some(FOUR_MILLIDOLLARS * 3), 100);
@@ -172,8 +172,8 @@ async fn instances_sharing_a_store_count_each_others_spend_once_and_a_restart_re
     one.flush().await.unwrap();
     two.flush().await.unwrap();
     one.flush().await.unwrap();
-    assert_eq!(one.remaining_usd(&a, &up), Some(0.002));
-    assert_eq!(two.remaining_usd(&a, &up), Some(0.002));
+    assert_eq!(one.remaining_usd(&a), Some(0.002));
+    assert_eq!(two.remaining_usd(&a), Some(0.002));
     one.spend(&a, &up, Some(FOUR_MILLIDOLLARS), 1);
     one.flush().await.unwrap();
     refusal(one.admit(&a, &up).await);
@@ -187,9 +187,9 @@ fn a_cost_is_rounded_up_to_whole_nanodollars_and_huge_ones_saturate() {
     let (budgets, _) = budgets(vec![rule(Some("*"), None, 0.000_000_002, "hour")], None);
     let (a, up) = (name("a"), name("x"));
     budgets.spend(&a, &up, Some(1), 0);
-    assert_eq!(budgets.remaining_usd(&a, &up), Some(0.000_000_001));
+    assert_eq!(budgets.remaining_usd(&a), Some(0.000_000_001));
     budgets.spend(&a, &up, Some(u128::MAX), 0);
-    assert_eq!(budgets.remaining_usd(&a, &up), Some(0.0));
+    assert_eq!(budgets.remaining_usd(&a), Some(0.0));
     assert!(budgets.check(&a, &up).is_err());
 }
 
@@ -206,4 +206,47 @@ fn ended_windows_are_forgotten_without_a_store_too() {
         1,
         "only the current window is kept"
     );
+}
+
+#[test]
+fn a_tenant_is_told_only_its_own_budgets_and_metrics_see_rules_not_tenants() {
+    let (budgets, _) = budgets(
+        vec![
+            rule(Some("*"), None, 0.01, "day"),
+            rule(Some("team-b"), None, 1.0, "day"),
+            rule(None, Some("openai"), 0.005, "day"),
+        ],
+        None,
+    );
+    let (a, c, b, up) = (name("a"), name("c"), name("team-b"), name("openai"));
+    budgets.spend(&a, &up, Some(FOUR_MILLIDOLLARS), 1);
+    budgets.spend(&c, &up, Some(FOUR_MILLIDOLLARS / 2), 1);
+    // The upstream's $0.005 is nearly spent by both; each is told its own `*` budget.
+    assert_eq!(budgets.remaining_usd(&a), Some(0.006));
+    assert_eq!(budgets.remaining_usd(&c), Some(0.008));
+    assert_eq!(budgets.remaining_usd(&b), Some(1.0));
+    let only_upstream = Budgets::new(
+        vec![rule(None, Some("openai"), 1.0, "day")],
+        None,
+        100,
+        Arc::new(ManualClock::new(NOW)),
+        None,
+    );
+    assert_eq!(
+        only_upstream.remaining_usd(&a),
+        None,
+        "not a tenant's budget"
+    );
+    // /stats: each tenant under `*`; /metrics: one use per rule, the `*`
+    // rule's spend the most one tenant spent.
+    assert_eq!(budgets.uses().len(), 4);
+    let rules = budgets.rule_uses();
+    let subjects: Vec<&str> = rules.iter().map(|used| used.subject.as_str()).collect();
+    assert_eq!(
+        subjects,
+        ["every tenant", "tenant team-b", "upstream openai"]
+    );
+    assert_eq!(rules[0].spent_usd, 0.004);
+    assert_eq!(rules[0].remaining_usd, 0.006);
+    assert_eq!(rules[2].spent_usd, 0.006);
 }

@@ -186,7 +186,10 @@ impl Dedup {
         seen: Option<RequestBytes>,
     ) -> Result<Answered, GatewayError> {
         let mut request = raw.parse(&self)?;
-        let bill = self.attribution(&request, &raw.headers);
+        // Before anything is kept or sent: a credential goes only to its provider.
+        self.upstream
+            .check_credential(request.upstream, request.authorization.as_ref())?;
+        let bill = self.attribution(&request, &raw)?;
         if let Some(seen) = seen
             && let Some(derived) = Derived::of(&request, &bill)
         {
@@ -204,17 +207,23 @@ impl Dedup {
         }
     }
 
-    /// Whom the request's answer is billed to (metrics and `/stats` attribution).
-    fn attribution(&self, request: &DedupRequest, headers: &HeaderMap) -> Attribution {
-        // With per-tenant caching the request's scope is the caller's own; with a
-        // global cache it is not, and the label derives the caller's.
-        let own_scope = (self.cache.scope == CacheScope::Tenant).then_some(&request.scope);
-        Attribution {
+    /// Whom the request's answer is billed to (metrics, `/stats`, budgets and
+    /// token rates): the tenant of its credential wherever it was sent, so a
+    /// labelled key is its label in the query too.
+    fn attribution(
+        &self,
+        request: &DedupRequest,
+        raw: &RawRequest,
+    ) -> Result<Attribution, GatewayError> {
+        let credential = crate::auth::credential(&raw.headers, raw.query.as_deref())?;
+        Ok(Attribution {
             model: self.metrics.model(&request.model),
-            tenant: self.auth.tenant_label(headers, own_scope),
+            tenant: self
+                .auth
+                .tenant_label(credential.as_deref(), Some(&request.own_scope)),
             upstream: self.upstream_names[request.upstream].as_str().into(),
             endpoint: request.endpoint.label(),
-        }
+        })
     }
 
     /// The key a request's answer lives under (its fingerprint, re-keyed by

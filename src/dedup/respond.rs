@@ -170,14 +170,16 @@ pub(super) fn complete_response(
     }
 }
 
-/// What is left of the budgets covering the caller (`budgets`), in USD, on
-/// an answer it was billed for.
+/// What is left of the caller's own budgets (`budgets`), in USD, on an
+/// answer it was billed for.
 pub const BUDGET_HEADER: &str = "x-corral-budget-remaining-usd";
 
-/// Tells a caller billed for its answer (MISS, BYPASS) what is left of the
-/// budgets covering it: the least of them, never below 0. A stream's head
-/// leaves before its cost is known, so it says what was left when it began.
-/// `None` for an answer the caller was not billed for, or no budget covering it.
+/// Tells a caller billed for its answer (MISS, BYPASS) what is left of its
+/// tenant's own budgets: the least of them, never below 0. An upstream's cap
+/// is every tenant's, and is not shown (it would tell each tenant the others'
+/// spend). A stream's head leaves before its cost is known, so it says what
+/// was left when it began. `None` for an answer the caller was not billed
+/// for, or no budget of its own.
 pub(super) fn budget_left(
     dedup: &Dedup,
     bill: &Attribution,
@@ -186,7 +188,7 @@ pub(super) fn budget_left(
     if !matches!(status, CacheStatus::Miss | CacheStatus::Bypass) {
         return None;
     }
-    let left = dedup.budgets.remaining_usd(&bill.tenant, &bill.upstream)?;
+    let left = dedup.budgets.remaining_usd(&bill.tenant)?;
     let value = HeaderValue::from_str(&format!("{left:.9}")).ok()?;
     Some((HeaderName::from_static(BUDGET_HEADER), value))
 }

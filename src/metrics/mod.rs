@@ -94,7 +94,8 @@ struct UpstreamCallLabels {
     status: String,
 }
 
-/// A budget: whom it caps (`tenant team-a`, `upstream openai`) and its window.
+/// A budget rule: whom it caps (`tenant team-a`, `upstream openai`, `every
+/// tenant`) and its window; never a tenant a `*` rule counted.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BudgetLabels {
     budget: String,
@@ -321,13 +322,13 @@ impl Metrics {
         let budget_usd = Family::<BudgetLabels, UsdGauge>::default();
         registry.register(
             "corral_budget_usd",
-            "Each spend budget (budgets), in USD per window; a `*` rule once per tenant it counted",
+            "Each spend budget (budgets), in USD per window; one series per rule (a `*` rule's is each tenant's)",
             budget_usd.clone(),
         );
         let budget_spent_usd = Family::<BudgetLabels, UsdGauge>::default();
         registry.register(
             "corral_budget_spent_usd",
-            "What the provider billed against each budget in its current window, in USD (the fleet's, with Redis)",
+            "What the provider billed against each budget in its current window, in USD (the fleet's, with Redis); a `*` rule's: the most one tenant spent",
             budget_spent_usd.clone(),
         );
         let redis_errors = Counter::default();

@@ -99,15 +99,16 @@ const MODEL_METHODS: &[&str] = &[
 ];
 
 /// Whether a request speaks Gemini's native API: a `/v1beta/` path, a
-/// Gemini model method under `/v1/models/`, or a Gemini credential
-/// (`x-goog-api-key`, a `key` query parameter).
+/// Gemini model method under `/v1/models/`, or a Google credential
+/// (`x-goog-api-key`, a `key`, `access_token` or `oauth_token` query parameter).
 pub fn is_native(path: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
     let versioned = path == "/v1beta" || path.starts_with("/v1beta/");
     let model_method = path
         .strip_prefix("/v1/models/")
         .and_then(|rest| rest.rsplit_once(':'))
         .is_some_and(|(_, method)| MODEL_METHODS.contains(&method));
-    let credential = headers.contains_key(&GEMINI_KEY_HEADER) || auth::query_key(query).is_some();
+    let credential =
+        headers.contains_key(&GEMINI_KEY_HEADER) || auth::query_credential(query).is_some();
     versioned || model_method || credential
 }
 

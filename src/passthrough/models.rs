@@ -41,6 +41,10 @@ impl Passthrough<'_> {
                 authorization: forwarded_credential(headers),
                 body: Default::default(),
             };
+            // A key of one provider is not shown to another: that upstream's
+            // list is left out (all of them foreign: the refusal answers).
+            self.upstream
+                .check_credential(upstream, outbound.authorization.as_ref())?;
             let answer = self.upstream.call_unbilled(&outbound).await?;
             let list: Value = serde_json::from_slice(&answer.body).map_err(|err| {
                 GatewayError::UpstreamInvalid {

@@ -125,6 +125,9 @@ impl Passthrough<'_> {
 
     /// Sends `outbound` and streams the provider's answer back, whatever its status.
     pub(super) async fn relay(&self, outbound: &Outbound) -> Result<Response, GatewayError> {
+        // A credential goes only to the provider it belongs to.
+        self.upstream
+            .check_credential(outbound.upstream, outbound.authorization.as_ref())?;
         // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
         let started = Instant::now();
         let upstream = self.upstream.call_streaming(outbound).await?;

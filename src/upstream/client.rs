@@ -21,7 +21,7 @@ use super::{
     retry::{self, AttemptError},
 };
 use crate::{
-    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, bearer_token},
+    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, Provider, bearer_token},
     breaker::BreakerState,
     clock::{Clock, SystemClock},
     config::{Api, Config, RetryConfig, Secret},
@@ -38,6 +38,8 @@ struct Target {
     api: Api,
     /// Every request URL extends its path (`confined_url`).
     base: reqwest::Url,
+    /// Whose credentials it may be sent (`auth::Provider::of_upstream`).
+    provider: Provider,
     api_key: Option<Secret<String>>,
     request_timeout: Duration,
     /// How long a read's response head may take (a pass-through `GET`).
@@ -164,10 +166,12 @@ impl Upstream {
                     .pool_max_idle_per_host(256)
                     .tcp_nodelay(true)
                     .build()?;
+                let base = reqwest::Url::parse(&u.base_url)?;
                 Ok(Target {
                     name: u.name.clone(),
                     api: u.api,
-                    base: reqwest::Url::parse(&u.base_url)?,
+                    provider: Provider::of_upstream(u.api, base.host_str()),
+                    base,
                     api_key: u.api_key.clone(),
                     request_timeout: u.request_timeout,
                     first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
@@ -191,6 +195,31 @@ impl Upstream {
 
     pub fn name(&self, upstream: usize) -> &str {
         &self.targets[upstream].name
+    }
+
+    /// Refuses (401) a caller's credential that would be forwarded to
+    /// `upstream` and has the form of another provider's key: a credential
+    /// goes only to the provider it belongs to. An upstream with a key of its
+    /// own forwards no caller's credential, so nothing is refused there (a
+    /// gateway key, which `auth.keys` never lets reach an upstream without
+    /// one, included). Asked before a request is sent anywhere, and again by
+    /// every attempt (the last word).
+    pub fn check_credential(
+        &self,
+        upstream: usize,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<(), GatewayError> {
+        let target = &self.targets[upstream];
+        let Some(caller) = authorization.filter(|_| target.api_key.is_none()) else {
+            return Ok(());
+        };
+        match Provider::of_key(bearer_token(caller.as_bytes())) {
+            Some(owner) if owner != target.provider => Err(GatewayError::ForeignCredential {
+                owner: owner.name(),
+                upstream: target.name.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The API `upstream` speaks.
@@ -476,6 +505,8 @@ impl Upstream {
         for (name, value) in &outbound.headers {
             request = request.header(name, value);
         }
+        self.check_credential(outbound.upstream, outbound.authorization.as_ref())
+            .map_err(AttemptError::fatal)?;
         request = authenticate(request, target.api, target.api_key.as_ref(), outbound)
             .map_err(AttemptError::fatal)?;
         if let Wait::Whole(timeout) = wait {
@@ -613,12 +644,19 @@ fn authenticate(
                 request = request.header(ANTHROPIC_VERSION, DEFAULT_ANTHROPIC_VERSION);
             }
         }
-        // The pass-through hands over the caller's Gemini key as it is.
+        // The caller's Gemini key as it is; an OAuth token (`Bearer <token>`,
+        // from `?access_token=`, `auth::gemini_key`) as `Authorization`.
         Api::Gemini => {
             let key = match (own_key, &outbound.authorization) {
                 (Some(key), _) => Some(HeaderValue::from_str(key.expose()).map_err(|_| {
                     GatewayError::invalid("the API key is not a valid header value")
                 })?),
+                (None, Some(caller)) if caller.as_bytes().starts_with(b"Bearer ") => {
+                    let mut bearer = caller.clone();
+                    bearer.set_sensitive(true);
+                    request = request.header(header::AUTHORIZATION, bearer);
+                    None
+                }
                 (None, Some(caller)) => Some(caller.clone()),
                 (None, None) => None,
             };

@@ -46,6 +46,7 @@ mod shutdown;
 mod slowloris;
 mod streaming;
 mod swr;
+mod tenant_keys;
 mod traces;
 mod upstream_identity;
 mod workspace;
