@@ -306,6 +306,7 @@ impl DedupRequest {
         // header. A Gemini request's key (`x-goog-api-key` or `?key=`) goes
         // upstream as itself, and the query keeps no key.
         let framing = wire.stream_framing(query);
+        let query_dedupable = wire.dedupable_query(query);
         let (authorization, gemini_key, query) = if wire.api() == Api::Gemini {
             let (key, rest) = auth::gemini_key(headers, query)?;
             (key.clone(), key, rest)
@@ -367,16 +368,12 @@ impl DedupRequest {
         }
         // A stream's framing (Gemini's `alt`) is delivery: neither keyed nor
         // sent with a shared call (a streamed call asks for its own framing).
-        let delivery = wire.delivery_query();
         let query = query.map(|query| {
-            if delivery.is_empty() {
-                return query;
-            }
             query
                 .split('&')
                 .filter(|pair| {
                     let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-                    !pair.is_empty() && !delivery.contains(&name)
+                    !pair.is_empty() && !wire.is_delivery_param(name)
                 })
                 .collect::<Vec<_>>()
                 .join("&")
@@ -415,7 +412,7 @@ impl DedupRequest {
 
         let deterministic = wire.is_deterministic(&body);
         let mut policy = CachePolicy::from_headers(headers);
-        if !wire.dedupable(&body) {
+        if !wire.dedupable(&body) || !query_dedupable {
             // Neither coalesced nor cached: sent upstream as it came.
             policy.bypass = true;
             policy.read = false;

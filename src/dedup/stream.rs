@@ -120,7 +120,11 @@ pub(super) async fn serve(
     let echo = request.echo.clone();
     // Before `bill` goes to the saving counted at the stream's end.
     let budget = budget_left(dedup, &bill, status);
-    let events = sse::with_keepalive(reader.into_stream(), dedup.coalesce.keepalive_interval)
+    let events = sse::with_keepalive(
+        reader.into_stream(),
+        dedup.coalesce.keepalive_interval,
+        format.keepalive(),
+    )
         .map(move |event| {
             event.map(|event| match &echo {
                 Some(echo) => echo.event(&event).unwrap_or(event),

@@ -8,4 +8,6 @@ pub mod retry;
 mod route;
 
 pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
+#[cfg(test)]
+pub(crate) use client::status_error;
 pub use route::Routes;
