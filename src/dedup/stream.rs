@@ -125,13 +125,13 @@ pub(super) async fn serve(
         dedup.coalesce.keepalive_interval,
         format.keepalive(),
     )
-        .map(move |event| {
-            event.map(|event| match &echo {
-                Some(echo) => echo.event(&event).unwrap_or(event),
-                None => event,
-            })
+    .map(move |event| {
+        event.map(|event| match &echo {
+            Some(echo) => echo.event(&event).unwrap_or(event),
+            None => event,
         })
-        .chain(count_live_saving(dedup.metrics.clone(), live_saving, bill));
+    })
+    .chain(count_live_saving(dedup.metrics.clone(), live_saving, bill));
     let body = match request.framing {
         Framing::Events => Body::from_stream(events),
         Framing::JsonArray => Body::from_stream(sse::as_json_array(events)),

@@ -11,8 +11,8 @@ use std::fmt;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::{KEEPALIVE, named_event};
 use super::usage::UsageFree;
+use super::{KEEPALIVE, named_event};
 use crate::usage::Usage;
 
 /// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold

@@ -99,16 +99,16 @@ where
     futures::stream::unfold(events, move |mut events| {
         let keepalive = keepalive.clone();
         async move {
-        if every.is_zero() {
-            return events.next().await.map(|event| (event, events));
-        }
-        // The stream keeps its pending read across a timeout (`next` only
-        // borrows it), so no event is lost to a keep-alive.
-        match tokio::time::timeout(every, events.next()).await {
-            Ok(Some(event)) => Some((event, events)),
-            Ok(None) => None,
-            Err(_) => Some((Ok(keepalive), events)),
-        }
+            if every.is_zero() {
+                return events.next().await.map(|event| (event, events));
+            }
+            // The stream keeps its pending read across a timeout (`next` only
+            // borrows it), so no event is lost to a keep-alive.
+            match tokio::time::timeout(every, events.next()).await {
+                Ok(Some(event)) => Some((event, events)),
+                Ok(None) => None,
+                Err(_) => Some((Ok(keepalive), events)),
+            }
         }
     })
 }

@@ -694,10 +694,10 @@ mod tests {
     pub(crate) fn retry_info(delay: &str) -> Bytes {
         Bytes::from(
             serde_json::json!({"error": {"code": 429, "message": "quota",
-                "status": "RESOURCE_EXHAUSTED", "details": [
-                    {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "QUOTA"},
-                    {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
-                ]}})
+            "status": "RESOURCE_EXHAUSTED", "details": [
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "QUOTA"},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
+            ]}})
             .to_string(),
         )
     }
@@ -728,7 +728,12 @@ mod tests {
         let start = tokio::time::Instant::now();
         let (result, attempts) = retry::with_retries(&config, || async {
             if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                Err(status_error(Api::Gemini, too_many, &none, retry_info("1.5s")))
+                Err(status_error(
+                    Api::Gemini,
+                    too_many,
+                    &none,
+                    retry_info("1.5s"),
+                ))
             } else {
                 Ok(())
             }

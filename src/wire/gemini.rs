@@ -747,8 +747,10 @@ mod tests {
             // The first candidate is done; the second is not.
             event(json!({"candidates": [piece(0, "lo", true)]})),
             event(json!({"candidates": [piece(1, "jour", true)]})),
-            event(json!({"usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4,
-                "totalTokenCount": 7}, "modelVersion": "gemini-2.5-flash"})),
+            event(
+                json!({"usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4,
+                "totalTokenCount": 7}, "modelVersion": "gemini-2.5-flash"}),
+            ),
         ];
         for (ended_after, complete) in [(1, false), (2, false), (3, true), (4, true)] {
             assert_eq!(
@@ -769,14 +771,19 @@ mod tests {
         );
         assert_eq!(assembled["usageMetadata"]["totalTokenCount"], 7);
         assert_eq!(
-            GEMINI_STREAM.stream_usage(&events).map(|usage| usage.total()),
+            GEMINI_STREAM
+                .stream_usage(&events)
+                .map(|usage| usage.total()),
             Some(7)
         );
         // A candidate that comes first with a later index is kept in order.
         let swapped = [events[2].clone(), events[0].clone(), events[1].clone()];
         let assembled = assemble(&swapped).unwrap();
         assert_eq!(assembled["candidates"][0]["index"], 0);
-        assert_eq!(assembled["candidates"][1]["content"]["parts"][0]["text"], "jourBon");
+        assert_eq!(
+            assembled["candidates"][1]["content"]["parts"][0]["text"],
+            "jourBon"
+        );
     }
 
     /// Issue 37 R1: `google-genai` fails on an SSE comment; a blank line is
@@ -791,11 +798,25 @@ mod tests {
     /// a `fileSearch` tool is not shared.
     #[test]
     fn alt_is_read_as_google_reads_it_and_projections_and_file_searches_bypass() {
-        for query in ["alt=sse", "$alt=sse", "%24alt=sse", "alt=SSE", "key=k&$alt=Sse"] {
-            assert_eq!(GEMINI.stream_framing(Some(query)), Framing::Events, "{query}");
+        for query in [
+            "alt=sse",
+            "$alt=sse",
+            "%24alt=sse",
+            "alt=SSE",
+            "key=k&$alt=Sse",
+        ] {
+            assert_eq!(
+                GEMINI.stream_framing(Some(query)),
+                Framing::Events,
+                "{query}"
+            );
         }
         for query in ["", "alt=json", "salt=sse", "alt=sse&alt=json", "alt"] {
-            assert_eq!(GEMINI.stream_framing(Some(query)), Framing::JsonArray, "{query}");
+            assert_eq!(
+                GEMINI.stream_framing(Some(query)),
+                Framing::JsonArray,
+                "{query}"
+            );
         }
         for name in ["alt", "$alt", "%24alt"] {
             assert!(GEMINI.is_delivery_param(name), "{name}");
@@ -803,13 +824,19 @@ mod tests {
         assert!(!GEMINI.is_delivery_param("salt"));
         assert!(GEMINI.dedupable_query(Some("alt=sse")));
         assert!(GEMINI.dedupable_query(None));
-        for query in ["fields=candidates", "alt=sse&$fields=usageMetadata", "%24fields=x"] {
+        for query in [
+            "fields=candidates",
+            "alt=sse&$fields=usageMetadata",
+            "%24fields=x",
+        ] {
             assert!(!GEMINI.dedupable_query(Some(query)), "{query}");
         }
         let body = |value: Value| value.as_object().unwrap().clone();
         assert!(GEMINI.dedupable(&body(json!({"tools": [{"googleSearch": {}}]}))));
-        assert!(!GEMINI.dedupable(&body(json!({"tools": [{"googleSearch": {}},
-            {"fileSearch": {"fileSearchStoreNames": ["fileSearchStores/s"]}}]}))));
+        assert!(
+            !GEMINI.dedupable(&body(json!({"tools": [{"googleSearch": {}},
+            {"fileSearch": {"fileSearchStoreNames": ["fileSearchStores/s"]}}]})))
+        );
         assert!(!GEMINI.dedupable(&body(json!({"tools": [{"file_search": {}}]}))));
     }
 

@@ -30,10 +30,12 @@ for name in ["held", "replayed"]:
                 model="gemini-2.5-flash", contents="keep me alive", config=config
             )
         )
+        reason = chunks[-1].candidates[0].finish_reason if chunks else None
         results[name] = {
             "text": "".join(chunk.text or "" for chunk in chunks),
             "chunks": len(chunks),
-            "finish": str(chunks[-1].candidates[0].finish_reason) if chunks else None,
+            # An enum in the SDK's types; its value is Google's word.
+            "finish": getattr(reason, "value", reason),
         }
     except Exception as error:  # noqa: BLE001 - reported, not hidden
         results[name] = {"error": type(error).__name__, "message": str(error)[:400]}

@@ -15,7 +15,8 @@
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
 //! turns to provoke the gateway: hold every call until released, inject failures, answer from a
 //! FIFO of scripted responses, add latency, cut streams short, pad streams to a size and keep
-//! them open before their final event (`delivery.rs`). The same knobs are exposed over
+//! them open before their final event (`delivery.rs`), or before their first
+//! (`stream_starts.rs`). The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
 //! It deliberately does not model tokenizers, rate limits or authentication: the gateway
@@ -357,7 +358,10 @@ impl MockProvider {
 
     /// Wait until at least `n` streams wait at their start; false if `timeout` passed first.
     pub async fn wait_for_streams_at_start(&self, n: usize, timeout: Duration) -> bool {
-        self.inner.shared.wait_for_streams_at_start(n, timeout).await
+        self.inner
+            .shared
+            .wait_for_streams_at_start(n, timeout)
+            .await
     }
 
     /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call and

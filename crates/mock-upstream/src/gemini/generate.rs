@@ -39,7 +39,10 @@ pub(super) fn generate_content(model: &str, request: &Value, call: u64) -> Answe
     let generation = Generation::of(model, request, call);
     if generation.candidates > 1 {
         let answers = generation.answers();
-        let tokens = answers.iter().map(|text| approx_tokens(text.chars().count())).sum();
+        let tokens = answers
+            .iter()
+            .map(|text| approx_tokens(text.chars().count()))
+            .sum();
         let candidates = answers
             .iter()
             .enumerate()
