@@ -309,6 +309,7 @@ impl DedupRequest {
         let credential = auth::credential(headers, query)?;
         let credential = credential.as_deref();
         let framing = wire.stream_framing(query);
+        let query_dedupable = wire.dedupable_query(query);
         let (authorization, query) = if wire.api() == Api::Gemini {
             auth::gemini_key(headers, query)?
         } else {
@@ -366,16 +367,12 @@ impl DedupRequest {
         }
         // A stream's framing (Gemini's `alt`) is delivery: neither keyed nor
         // sent with a shared call (a streamed call asks for its own framing).
-        let delivery = wire.delivery_query();
         let query = query.map(|query| {
-            if delivery.is_empty() {
-                return query;
-            }
             query
                 .split('&')
                 .filter(|pair| {
                     let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-                    !pair.is_empty() && !delivery.contains(&name)
+                    !pair.is_empty() && !wire.is_delivery_param(name)
                 })
                 .collect::<Vec<_>>()
                 .join("&")
@@ -414,7 +411,7 @@ impl DedupRequest {
 
         let deterministic = wire.is_deterministic(&body);
         let mut policy = CachePolicy::from_headers(headers);
-        if !wire.dedupable(&body) {
+        if !wire.dedupable(&body) || !query_dedupable {
             // Neither coalesced nor cached: sent upstream as it came.
             policy.bypass = true;
             policy.read = false;

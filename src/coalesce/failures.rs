@@ -172,6 +172,31 @@ mod tests {
         assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
     }
 
+    /// Issue 37 W2: a Gemini 429's `RetryInfo.retryDelay` is the provider's
+    /// wait, as `Retry-After` is: repeats are answered for it, not for
+    /// `cache.error_ttl`.
+    #[tokio::test(start_paused = true)]
+    async fn a_gemini_retry_info_quiets_a_key_for_its_delay() {
+        let memory = FailureMemory::new(Duration::ZERO);
+        let body = Bytes::from(
+            r#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED",
+                "details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay":"3s"}]}}"#,
+        );
+        let attempt = crate::upstream::status_error(
+            crate::config::Api::Gemini,
+            StatusCode::TOO_MANY_REQUESTS,
+            &axum::http::HeaderMap::new(),
+            body,
+        );
+        memory.settle::<()>(&key(1), sent(), &Err(Arc::new(attempt.error)));
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
+        tokio::time::advance(Duration::from_millis(2999)).await;
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Failing));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn only_transient_provider_failures_are_remembered_and_retry_after_is_bounded() {
         let memory = FailureMemory::new(Duration::ZERO);

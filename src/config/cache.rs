@@ -93,9 +93,10 @@ pub struct CoalesceConfig {
     #[serde(with = "humantime_serde")]
     pub first_event_timeout: Duration,
     /// While a stream is silent (a model thinking), each reader receives an
-    /// SSE comment this often, so proxies and load balancers with idle
-    /// timeouts do not cut it; the SDKs ignore comments, and they are never
-    /// stored or replayed. Zero: none.
+    /// SSE comment this often (a blank line on Gemini's streams, which
+    /// Google's SDKs skip), so proxies and load balancers with idle timeouts
+    /// do not cut it; the SDKs ignore them, and they are never stored or
+    /// replayed. Zero: none.
     #[schemars(with = "String")]
     #[serde(with = "humantime_serde")]
     pub keepalive_interval: Duration,

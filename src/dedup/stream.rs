@@ -120,14 +120,18 @@ pub(super) async fn serve(
     let echo = request.echo.clone();
     // Before `bill` goes to the saving counted at the stream's end.
     let budget = budget_left(dedup, &bill, status);
-    let events = sse::with_keepalive(reader.into_stream(), dedup.coalesce.keepalive_interval)
-        .map(move |event| {
-            event.map(|event| match &echo {
-                Some(echo) => echo.event(&event).unwrap_or(event),
-                None => event,
-            })
+    let events = sse::with_keepalive(
+        reader.into_stream(),
+        dedup.coalesce.keepalive_interval,
+        format.keepalive(),
+    )
+    .map(move |event| {
+        event.map(|event| match &echo {
+            Some(echo) => echo.event(&event).unwrap_or(event),
+            None => event,
         })
-        .chain(count_live_saving(dedup.metrics.clone(), live_saving, bill));
+    })
+    .chain(count_live_saving(dedup.metrics.clone(), live_saving, bill));
     let body = match request.framing {
         Framing::Events => Body::from_stream(events),
         Framing::JsonArray => Body::from_stream(sse::as_json_array(events)),

@@ -11,8 +11,8 @@ use std::fmt;
 use bytes::Bytes;
 use serde_json::Value;
 
-use super::named_event;
 use super::usage::UsageFree;
+use super::{KEEPALIVE, named_event};
 use crate::usage::Usage;
 
 /// One API's stream format, as a `&'static` adapter: flights, logs and the cluster relay hold
@@ -37,6 +37,21 @@ pub trait StreamFormat: Send + Sync + fmt::Debug + 'static {
     /// that always report usage show every event as it is.
     fn usage_free(&self, _event: &Bytes) -> UsageFree {
         UsageFree::Same
+    }
+
+    /// What a silent stream's readers receive every
+    /// `coalesce.keepalive_interval`: something the API's SDKs skip. By
+    /// default an SSE comment ([`KEEPALIVE`]).
+    fn keepalive(&self) -> Bytes {
+        KEEPALIVE
+    }
+
+    /// Whether a stream whose body ended after `events`, without a
+    /// [`Frame::Complete`], is complete: for a format whose stream completes
+    /// by ending rather than on an event (Gemini's, once every candidate has
+    /// finished). By default a body that ends first is a broken stream.
+    fn complete_at_end(&self, _events: &[Bytes]) -> bool {
+        false
     }
 
     /// The token counts a logged event carries, if it carries any.

@@ -12,7 +12,7 @@ use std::sync::{
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
-use super::{KEEPALIVE, event_json};
+use super::{BLANK_LINE, event_json};
 
 /// A caller's framing of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,10 +34,10 @@ impl Framing {
     }
 }
 
-/// `events` (in corral's framing, keep-alive comments among them) as the
-/// pieces of one JSON array: `[` before the first element, `,\r\n` between
-/// elements, `]` last; a keep-alive becomes white space, which JSON allows
-/// between elements.
+/// `events` (in corral's framing, keep-alives among them) as the pieces of
+/// one JSON array: `[` before the first element, `,\r\n` between elements,
+/// `]` last; a keep-alive (any frame that is not a data event) becomes white
+/// space, which JSON allows between elements.
 pub fn as_json_array<S>(
     events: S,
 ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send
@@ -50,20 +50,20 @@ where
     events
         .filter_map(move |event| {
             let Ok(event) = event;
-            let piece = if event == KEEPALIVE {
-                Some(Bytes::from_static(b"\n"))
-            } else {
-                // Only data events are elements (nothing else is logged).
-                event_json(&event).map(|json| {
+            // Only data events are elements (nothing else is logged); the
+            // rest are keep-alives.
+            let piece = match event_json(&event) {
+                Some(json) => {
                     let separator: &[u8] = if empty.swap(false, Ordering::Relaxed) {
                         b"["
                     } else {
                         b",\r\n"
                     };
                     Bytes::from([separator, json].concat())
-                })
+                }
+                None => BLANK_LINE,
             };
-            futures::future::ready(piece.map(Ok))
+            futures::future::ready(Some(Ok(piece)))
         })
         .chain(futures::stream::once(async move {
             Ok(if closing.load(Ordering::Relaxed) {
@@ -77,7 +77,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse::data_event;
+    use crate::sse::{KEEPALIVE, data_event};
 
     async fn framed(events: Vec<Bytes>) -> String {
         let pieces: Vec<_> = as_json_array(futures::stream::iter(events.into_iter().map(Ok)))

@@ -72,32 +72,43 @@ pub fn error_event(message: &str) -> Bytes {
     }))
 }
 
-/// What a silent stream's readers receive every `coalesce.keepalive_interval`:
-/// an SSE comment, which every SSE parser (the SDKs' included) skips.
+/// What a silent stream's readers receive every `coalesce.keepalive_interval`
+/// by default ([`StreamFormat::keepalive`]): an SSE comment, which every SSE
+/// parser (the OpenAI and Anthropic SDKs' included) skips.
 pub const KEEPALIVE: Bytes = Bytes::from_static(b": keep-alive\n\n");
 
-/// `events`, with a [`KEEPALIVE`] comment whenever `every` passes without an
-/// event (none when `every` is zero). Only what a reader receives: the log,
-/// the cache and replays never see one.
+/// A blank line: the keep-alive of a format whose SDKs read the stream line by
+/// line rather than as SSE (Gemini's: `google-genai` skips an empty line but
+/// fails on a comment, `@google/genai` skips white space before `data:`).
+/// Between two events it is an empty SSE block, which SSE parsers skip too.
+pub const BLANK_LINE: Bytes = Bytes::from_static(b"\n");
+
+/// `events`, with `keepalive` (the format's [`StreamFormat::keepalive`])
+/// whenever `every` passes without an event (none when `every` is zero). Only
+/// what a reader receives: the log, the cache and replays never see one.
 pub fn with_keepalive<S>(
     events: S,
     every: std::time::Duration,
+    keepalive: Bytes,
 ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send
 where
     S: futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
 {
     use futures::StreamExt;
     let events = Box::pin(events);
-    futures::stream::unfold(events, move |mut events| async move {
-        if every.is_zero() {
-            return events.next().await.map(|event| (event, events));
-        }
-        // The stream keeps its pending read across a timeout (`next` only
-        // borrows it), so no event is lost to a keep-alive.
-        match tokio::time::timeout(every, events.next()).await {
-            Ok(Some(event)) => Some((event, events)),
-            Ok(None) => None,
-            Err(_) => Some((Ok(KEEPALIVE), events)),
+    futures::stream::unfold(events, move |mut events| {
+        let keepalive = keepalive.clone();
+        async move {
+            if every.is_zero() {
+                return events.next().await.map(|event| (event, events));
+            }
+            // The stream keeps its pending read across a timeout (`next` only
+            // borrows it), so no event is lost to a keep-alive.
+            match tokio::time::timeout(every, events.next()).await {
+                Ok(Some(event)) => Some((event, events)),
+                Ok(None) => None,
+                Err(_) => Some((Ok(keepalive), events)),
+            }
         }
     })
 }

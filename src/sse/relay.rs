@@ -4,7 +4,8 @@
 //! which checks it and frames it in corral's one framing (whatever line endings, spacing,
 //! comments or multi-line data the provider used), so that every reader and every cached replay
 //! gets the same bytes. The format says which event completes the stream (chat: `data: [DONE]`;
-//! Responses: `response.completed`). Anything else that ends it is a broken stream: the body
+//! Responses: `response.completed`), or whether a stream that ended is complete (Gemini: every
+//! candidate finished before the body ended). Anything else that ends it is a broken stream: the body
 //! ends first, an event is malformed, no event arrives within the stall timeout, reading fails,
 //! the body grows past the log's bound, or the provider sends its own error (or failure) event.
 //! Every reader then receives an error event in the API's shape (the provider's own, in the last
@@ -198,6 +199,10 @@ where
             },
         };
         let sse = match next {
+            None if format.complete_at_end(&writer.log().events()) => {
+                writer.finish();
+                return (RelayOutcome::Completed, None);
+            }
             None => break BrokenStream::EndedWithoutDone,
             Some(Err(error)) => break classify(error, max_bytes),
             Some(Ok(sse)) => sse,

@@ -23,7 +23,7 @@ use super::{
 use crate::{
     auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, Provider, bearer_token},
     breaker::BreakerState,
-    clock::{Clock, SystemClock},
+    clock::{Clock, SystemClock, retry_after_secs},
     config::{Api, Config, RetryConfig, Secret},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
@@ -732,15 +732,32 @@ fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-fn status_error(api: Api, status: StatusCode, headers: &HeaderMap, body: Bytes) -> AttemptError {
+pub(crate) fn status_error(
+    api: Api,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> AttemptError {
     let retryable = retry::is_retryable_status(api, status, headers, &body);
+    let mut retry_after = retry::retry_after(headers);
+    let mut retry_after_header = headers.get(header::RETRY_AFTER).cloned();
+    // Google says its wait in the body (`RetryInfo`), not in `Retry-After`:
+    // read there, it goes where `Retry-After` goes (the retry loop, the
+    // failure memory, the caller's `Retry-After`, in whole seconds).
+    if api == Api::Gemini
+        && retry_after.is_none()
+        && let Some(delay) = retry::retry_info_delay(&body)
+    {
+        retry_after = Some(delay);
+        retry_after_header = Some(HeaderValue::from(retry_after_secs(delay).as_secs()));
+    }
     AttemptError {
         retryable,
-        retry_after: retry::retry_after(headers),
+        retry_after,
         error: GatewayError::Upstream {
             status,
             content_type: headers.get(header::CONTENT_TYPE).cloned(),
-            retry_after: headers.get(header::RETRY_AFTER).cloned(),
+            retry_after: retry_after_header,
             body,
         },
     }
@@ -783,6 +800,73 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Gemini error body whose `RetryInfo` asks for `delay`.
+    pub(crate) fn retry_info(delay: &str) -> Bytes {
+        Bytes::from(
+            serde_json::json!({"error": {"code": 429, "message": "quota",
+            "status": "RESOURCE_EXHAUSTED", "details": [
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "QUOTA"},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
+            ]}})
+            .to_string(),
+        )
+    }
+
+    /// Issue 37 W2: Google says a 429's wait in the body (`RetryInfo`), not
+    /// in `Retry-After`; the retry loop waits it, and it bounds like the
+    /// header.
+    #[tokio::test(start_paused = true)]
+    async fn a_gemini_retry_info_is_the_providers_wait() {
+        let none = HeaderMap::new();
+        let too_many = StatusCode::TOO_MANY_REQUESTS;
+        let attempt = status_error(Api::Gemini, too_many, &none, retry_info("1.5s"));
+        assert!(attempt.retryable);
+        assert_eq!(attempt.retry_after, Some(Duration::from_millis(1500)));
+        assert_eq!(
+            attempt.error.provider_retry_after(Duration::from_secs(60)),
+            Some(Duration::from_secs(2)),
+            "the caller's Retry-After, in whole seconds"
+        );
+        let config = RetryConfig {
+            max_attempts: 2,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(20),
+            deadline: Duration::from_secs(60),
+            ..RetryConfig::default()
+        };
+        let calls = AtomicUsize::new(0);
+        let start = tokio::time::Instant::now();
+        let (result, attempts) = retry::with_retries(&config, || async {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(status_error(
+                    Api::Gemini,
+                    too_many,
+                    &none,
+                    retry_info("1.5s"),
+                ))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(attempts, 2);
+        assert_eq!(start.elapsed(), Duration::from_millis(1500));
+        // `Retry-After` wins; another API's body is not read; a wait is bounded.
+        let mut header = HeaderMap::new();
+        header.insert(header::RETRY_AFTER, HeaderValue::from_static("4"));
+        let attempt = status_error(Api::Gemini, too_many, &header, retry_info("1.5s"));
+        assert_eq!(attempt.retry_after, Some(Duration::from_secs(4)));
+        let attempt = status_error(Api::OpenAi, too_many, &none, retry_info("1.5s"));
+        assert_eq!(attempt.retry_after, None);
+        let attempt = status_error(Api::Gemini, too_many, &none, retry_info("1e300s"));
+        assert_eq!(attempt.retry_after, Some(retry::LONGEST_RETRY_AFTER));
+        for junk in ["soon", "-1s", "NaNs", "3"] {
+            let attempt = status_error(Api::Gemini, too_many, &none, retry_info(junk));
+            assert_eq!(attempt.retry_after, None, "{junk}");
+        }
+    }
 
     /// reqwest's message names the URL, query and all; a query may carry a
     /// credential (`?key=`), and the reason reaches logs and callers.

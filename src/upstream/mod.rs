@@ -7,5 +7,7 @@ mod client;
 pub mod retry;
 mod route;
 
+#[cfg(test)]
+pub(crate) use client::status_error;
 pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
 pub use route::Routes;

@@ -125,6 +125,25 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     )
 }
 
+/// Gemini's wait: the `retryDelay` of a `google.rpc.RetryInfo` among an
+/// error body's `error.details` (a protobuf duration, `"3s"`, `"1.5s"`), at
+/// most [`LONGEST_RETRY_AFTER`]. Google sends its 429s' wait there, not in
+/// `Retry-After`.
+pub fn retry_info_delay(body: &[u8]) -> Option<Duration> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let details = value.get("error")?.get("details")?.as_array()?;
+    details.iter().find_map(|detail| {
+        let kind = detail.get("@type")?.as_str()?;
+        if !kind.ends_with("google.rpc.RetryInfo") {
+            return None;
+        }
+        let delay = detail.get("retryDelay")?.as_str()?.trim();
+        let seconds: f64 = delay.strip_suffix('s')?.parse().ok()?;
+        (seconds.is_finite() && seconds >= 0.0)
+            .then(|| Duration::from_secs_f64(seconds.min(LONGEST_RETRY_AFTER.as_secs_f64())))
+    })
+}
+
 tokio::task_local! {
     /// The attempt cap [`at_most`] sets for the calls made within it.
     static ATTEMPT_CAP: usize;

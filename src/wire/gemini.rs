@@ -8,18 +8,27 @@
 //! it (with the path's API version) and the method is delivery, so a
 //! `generateContent` and a `streamGenerateContent` caller of one request
 //! share one upstream call, like `stream` in the other APIs' bodies. The
-//! `alt` query parameter (the stream's framing) is delivery too.
+//! `alt` query parameter (the stream's framing; `$alt` too, Google's other
+//! spelling of a system parameter, its value in any case) is delivery too.
+//! A `fields` mask (`fields`, `$fields`) asks for a projection of the answer,
+//! which would look like a broken stream and is not the answer to share: such
+//! a request goes upstream as it came (`BYPASS`), as does one whose `tools`
+//! search a `fileSearch` store, whose content can change under one name.
 //!
 //! A stream is a sequence of `data: <GenerateContentResponse>` events, with
 //! neither event names nor a `[DONE]`: each chunk carries the next piece of
-//! each candidate's `content.parts`, and the usage so far (`usageMetadata`
-//! is a running total, so the last chunk's is the call's). The stream is
-//! complete (cacheable) only on a chunk whose candidates carry their
-//! `finishReason`, or one that says the prompt was blocked
+//! some candidates' `content.parts` (by `index`), and the usage so far
+//! (`usageMetadata` is a running total, so the last chunk's is the call's).
+//! The stream is complete (cacheable) only when its body ends after every
+//! candidate it named has carried its `finishReason` (with `candidateCount`
+//! above one they finish apart, and a chunk of usage or grounding may follow
+//! the last one), or after a chunk that says the prompt was blocked
 //! (`promptFeedback.blockReason`, no candidates); an `error` object, or a
 //! stream cut before, fails every reader with an error event in Gemini's
 //! shape (`{"error":{"code":500,"message":..,"status":"INTERNAL"}}`, the
-//! shape the SDKs raise their own `APIError` for).
+//! shape the SDKs raise their own `APIError` for). A silent stream's
+//! readers are kept alive with blank lines, which both Google SDKs skip
+//! (`google-genai` fails on an SSE comment).
 //!
 //! [`assemble`](Wire::assemble) merges the chunks as the SDKs' readers do
 //! (a candidate's consecutive text pieces joined), and
@@ -35,7 +44,10 @@
 //! deterministic only with `generationConfig.temperature: 0` or a
 //! `generationConfig.seed`. The API has no label fields.
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
+use percent_encoding::percent_decode_str;
 use serde_json::{Map, Value, json};
 
 use super::{ConvertError, Wire, pieces};
@@ -44,8 +56,8 @@ use crate::{
     error::{ErrorShape, GatewayError},
     fingerprint::{BodyKeying, Endpoint},
     sse::{
-        CallerUsage, Format, Frame, Framing, StreamFormat, UpstreamStreamRequest, data_event,
-        event_json, read_object,
+        BLANK_LINE, CallerUsage, Format, Frame, Framing, StreamFormat, UpstreamStreamRequest,
+        data_event, event_json, read_object,
     },
     usage::Usage,
     validate::{self, InputLimits},
@@ -184,9 +196,30 @@ impl Wire for GeminiWire {
         &KEYING
     }
 
-    /// `alt` is how a stream is framed (`sse`, or a JSON array without it).
-    fn delivery_query(&self) -> &'static [&'static str] {
-        &["alt"]
+    /// `alt` (or `$alt`) is how a stream is framed (`sse`, or a JSON array
+    /// without it).
+    fn is_delivery_param(&self, name: &str) -> bool {
+        names(name, "alt")
+    }
+
+    /// A `fields` mask projects the answer: not one to share or store.
+    fn dedupable_query(&self, query: Option<&str>) -> bool {
+        !query_pairs(query).any(|(name, _)| names(name, "fields"))
+    }
+
+    /// A `fileSearch` tool searches stores named by reference, whose
+    /// documents change under their names (the Responses `file_search`
+    /// likewise bypasses).
+    fn dedupable(&self, body: &Map<String, Value>) -> bool {
+        let searches_files = match body.get("tools") {
+            Some(Value::Array(tools)) => tools.iter().any(|tool| {
+                ["fileSearch", "file_search"]
+                    .iter()
+                    .any(|name| tool.get(name).is_some_and(|search| !search.is_null()))
+            }),
+            _ => false,
+        };
+        !searches_files
     }
 
     /// The conversation's length, which corral normalizes and hashes; the
@@ -219,17 +252,16 @@ impl Wire for GeminiWire {
         Some("alt=sse")
     }
 
-    /// Events with `alt=sse` (what the SDKs send); without, Google streams
-    /// one JSON array.
+    /// Events with `alt=sse` (what the SDKs send; `$alt`, `SSE` alike: the
+    /// last `alt` decides); without, Google streams one JSON array.
     fn stream_framing(&self, query: Option<&str>) -> Framing {
-        let events = query
-            .unwrap_or_default()
-            .split('&')
-            .any(|pair| pair == "alt=sse");
-        if events {
-            Framing::Events
-        } else {
-            Framing::JsonArray
+        let alt = query_pairs(query)
+            .filter(|(name, _)| names(name, "alt"))
+            .last()
+            .map(|(_, value)| percent_decode_str(value).decode_utf8_lossy());
+        match alt {
+            Some(alt) if alt.eq_ignore_ascii_case("sse") => Framing::Events,
+            _ => Framing::JsonArray,
         }
     }
 
@@ -264,6 +296,23 @@ impl Wire for GeminiWire {
     fn usage(&self, body: &[u8]) -> Option<Usage> {
         usage_of(body)
     }
+}
+
+/// A query's `name=value` pairs, as spelled (a name without `=` has an
+/// empty value).
+fn query_pairs(query: Option<&str>) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// Whether the query parameter spelled `raw` is Google's system parameter
+/// `name`: percent-decoded, with or without its `$` (`$alt`, `%24alt`).
+fn names(raw: &str, name: &str) -> bool {
+    let decoded = percent_decode_str(raw).decode_utf8_lossy();
+    decoded.strip_prefix('$').unwrap_or(&decoded) == name
 }
 
 /// The `usageMetadata` of a response (or a chunk) body.
@@ -343,8 +392,9 @@ impl Wire for GeminiEmbedWire {
     }
 }
 
-/// Whether a response (or the chunk that ends a stream) is a whole answer:
-/// every candidate carries its `finishReason`, or the prompt was blocked.
+/// Whether a response (or a stream's chunks merged, [`assemble`]) is a whole
+/// answer: every candidate carries its `finishReason`, or the prompt was
+/// blocked.
 fn completes(response: &Map<String, Value>) -> bool {
     match response.get("candidates") {
         Some(Value::Array(candidates)) if !candidates.is_empty() => candidates
@@ -369,16 +419,23 @@ impl StreamFormat for GeminiStream {
         let usage = chunk
             .get("usageMetadata")
             .and_then(Usage::from_usage_metadata);
-        let complete = completes(&chunk);
-        let event = data_event(&Value::Object(chunk));
-        if complete {
-            Frame::Complete {
-                event: Some(event),
-                usage,
-            }
-        } else {
-            Frame::Event { event, usage }
+        // Never complete on a chunk: another candidate, or a chunk of usage
+        // or grounding, may follow the one that finished (`complete_at_end`).
+        Frame::Event {
+            event: data_event(&Value::Object(chunk)),
+            usage,
         }
+    }
+
+    /// A blank line, which `google-genai` and `@google/genai` skip.
+    fn keepalive(&self) -> Bytes {
+        BLANK_LINE
+    }
+
+    /// Complete when the chunks merge into a whole answer: every candidate
+    /// named finished, or the prompt was blocked.
+    fn complete_at_end(&self, events: &[Bytes]) -> bool {
+        assemble(events).is_ok()
     }
 
     fn done_event(&self) -> Option<Bytes> {
@@ -396,15 +453,15 @@ impl StreamFormat for GeminiStream {
     }
 }
 
-/// The response a complete stream amounts to: per candidate (by `index`),
-/// its parts in order with consecutive text pieces of one kind joined, and
-/// every other member as the latest chunk that had it said; the response's
-/// own members (`usageMetadata`, `modelVersion`, `responseId`,
-/// `promptFeedback`) likewise.
+/// The response a complete stream amounts to: per candidate (by `index`, in
+/// its order), its parts in order with consecutive text pieces of one kind
+/// joined, and every other member as the latest chunk that had it said; the
+/// response's own members (`usageMetadata`, `modelVersion`, `responseId`,
+/// `promptFeedback`) likewise. `Empty` unless the merged answer is whole
+/// ([`completes`]).
 fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
     let mut response = Map::new();
-    let mut candidates: Vec<Map<String, Value>> = Vec::new();
-    let mut complete = false;
+    let mut candidates: BTreeMap<u64, Map<String, Value>> = BTreeMap::new();
     for (index, event) in events.iter().enumerate() {
         let Some(Ok(Value::Object(chunk))) = event_json(event).map(serde_json::from_slice) else {
             return Err(ConvertError::NotJson { index });
@@ -412,7 +469,6 @@ fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
         if chunk.get("error").is_some_and(|error| !error.is_null()) {
             return Err(ConvertError::ErrorEvent { index });
         }
-        complete = completes(&chunk);
         for (name, value) in chunk {
             if name != "candidates" {
                 response.insert(name, value);
@@ -425,27 +481,22 @@ fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
                 let Value::Object(piece) = piece else {
                     return Err(ConvertError::Malformed("candidates[]"));
                 };
-                let at = piece
-                    .get("index")
-                    .and_then(Value::as_u64)
-                    .map_or(Ok(0), usize::try_from)
-                    .map_err(|_| ConvertError::Malformed("candidates[].index"))?;
-                if at > candidates.len() {
-                    return Err(ConvertError::Malformed("candidates[].index"));
-                }
-                if at == candidates.len() {
-                    candidates.push(Map::new());
-                }
-                merge_candidate(&mut candidates[at], piece)?;
+                let at = match piece.get("index") {
+                    None | Some(Value::Null) => 0,
+                    Some(index) => index
+                        .as_u64()
+                        .ok_or(ConvertError::Malformed("candidates[].index"))?,
+                };
+                merge_candidate(candidates.entry(at).or_default(), piece)?;
             }
         }
     }
-    if !complete {
-        return Err(ConvertError::Empty);
-    }
     if !candidates.is_empty() {
-        let candidates = candidates.into_iter().map(Value::Object).collect();
+        let candidates = candidates.into_values().map(Value::Object).collect();
         response.insert("candidates".to_owned(), Value::Array(candidates));
+    }
+    if !completes(&response) {
+        return Err(ConvertError::Empty);
     }
     Ok(Value::Object(response))
 }
@@ -665,14 +716,128 @@ mod tests {
             .collect();
         assert!(matches!(
             frames.last(),
-            Some(Frame::Complete { usage: Some(_), .. })
+            Some(Frame::Event { usage: Some(_), .. })
         ));
         assert!(
-            frames[..frames.len() - 1]
+            frames
                 .iter()
-                .all(|frame| matches!(frame, Frame::Event { .. }))
+                .all(|frame| matches!(frame, Frame::Event { .. })),
+            "a stream completes when it ends, never on a chunk"
         );
+        assert!(GEMINI_STREAM.complete_at_end(&events));
+        assert!(!GEMINI_STREAM.complete_at_end(&events[..events.len() - 1]));
         assert_eq!(assemble(&events).unwrap(), answer);
+    }
+
+    /// Issue 37 R4: with `candidateCount: 2` the candidates finish apart, and
+    /// a chunk of usage alone may follow the last: complete only at the end,
+    /// after every candidate finished, with every chunk in the answer.
+    #[test]
+    fn candidates_finish_apart_and_a_trailing_usage_chunk_belongs_to_the_answer() {
+        let piece = |index: u64, text: &str, finish: bool| {
+            let mut candidate = json!({"content": {"role": "model", "parts": [{"text": text}]},
+                "index": index});
+            if finish {
+                candidate["finishReason"] = json!("STOP");
+            }
+            candidate
+        };
+        let events = [
+            event(json!({"candidates": [piece(0, "Hel", false), piece(1, "Bon", false)]})),
+            // The first candidate is done; the second is not.
+            event(json!({"candidates": [piece(0, "lo", true)]})),
+            event(json!({"candidates": [piece(1, "jour", true)]})),
+            event(
+                json!({"usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4,
+                "totalTokenCount": 7}, "modelVersion": "gemini-2.5-flash"}),
+            ),
+        ];
+        for (ended_after, complete) in [(1, false), (2, false), (3, true), (4, true)] {
+            assert_eq!(
+                GEMINI_STREAM.complete_at_end(&events[..ended_after]),
+                complete,
+                "ended after {ended_after} chunks"
+            );
+        }
+        let assembled = assemble(&events).unwrap();
+        assert_eq!(
+            assembled["candidates"],
+            json!([
+                {"content": {"role": "model", "parts": [{"text": "Hello"}]}, "index": 0,
+                 "finishReason": "STOP"},
+                {"content": {"role": "model", "parts": [{"text": "Bonjour"}]}, "index": 1,
+                 "finishReason": "STOP"},
+            ])
+        );
+        assert_eq!(assembled["usageMetadata"]["totalTokenCount"], 7);
+        assert_eq!(
+            GEMINI_STREAM
+                .stream_usage(&events)
+                .map(|usage| usage.total()),
+            Some(7)
+        );
+        // A candidate that comes first with a later index is kept in order.
+        let swapped = [events[2].clone(), events[0].clone(), events[1].clone()];
+        let assembled = assemble(&swapped).unwrap();
+        assert_eq!(assembled["candidates"][0]["index"], 0);
+        assert_eq!(
+            assembled["candidates"][1]["content"]["parts"][0]["text"],
+            "jourBon"
+        );
+    }
+
+    /// Issue 37 R1: `google-genai` fails on an SSE comment; a blank line is
+    /// what both Google SDKs skip.
+    #[test]
+    fn a_silent_gemini_stream_is_kept_alive_with_a_blank_line() {
+        assert_eq!(GEMINI_STREAM.keepalive(), Bytes::from_static(b"\n"));
+        assert_ne!(GEMINI_STREAM.keepalive(), crate::sse::KEEPALIVE);
+    }
+
+    /// Issue 37 W1 and K1: `$alt` and `SSE` are `alt=sse`; a `fields` mask or
+    /// a `fileSearch` tool is not shared.
+    #[test]
+    fn alt_is_read_as_google_reads_it_and_projections_and_file_searches_bypass() {
+        for query in [
+            "alt=sse",
+            "$alt=sse",
+            "%24alt=sse",
+            "alt=SSE",
+            "key=k&$alt=Sse",
+        ] {
+            assert_eq!(
+                GEMINI.stream_framing(Some(query)),
+                Framing::Events,
+                "{query}"
+            );
+        }
+        for query in ["", "alt=json", "salt=sse", "alt=sse&alt=json", "alt"] {
+            assert_eq!(
+                GEMINI.stream_framing(Some(query)),
+                Framing::JsonArray,
+                "{query}"
+            );
+        }
+        for name in ["alt", "$alt", "%24alt"] {
+            assert!(GEMINI.is_delivery_param(name), "{name}");
+        }
+        assert!(!GEMINI.is_delivery_param("salt"));
+        assert!(GEMINI.dedupable_query(Some("alt=sse")));
+        assert!(GEMINI.dedupable_query(None));
+        for query in [
+            "fields=candidates",
+            "alt=sse&$fields=usageMetadata",
+            "%24fields=x",
+        ] {
+            assert!(!GEMINI.dedupable_query(Some(query)), "{query}");
+        }
+        let body = |value: Value| value.as_object().unwrap().clone();
+        assert!(GEMINI.dedupable(&body(json!({"tools": [{"googleSearch": {}}]}))));
+        assert!(
+            !GEMINI.dedupable(&body(json!({"tools": [{"googleSearch": {}},
+            {"fileSearch": {"fileSearchStoreNames": ["fileSearchStores/s"]}}]})))
+        );
+        assert!(!GEMINI.dedupable(&body(json!({"tools": [{"file_search": {}}]}))));
     }
 
     #[test]

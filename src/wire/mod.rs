@@ -98,10 +98,19 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
         matches!(body.get("stream"), Some(Value::Bool(true)))
     }
 
-    /// Query parameters that only deliver the answer (Gemini's `alt`, a
-    /// stream's framing): never keyed, and not sent with a shared call.
-    fn delivery_query(&self) -> &'static [&'static str] {
-        &[]
+    /// Whether the query parameter `name` (as the query spells it) only
+    /// delivers the answer (Gemini's `alt`, a stream's framing): never keyed,
+    /// and not sent with a shared call.
+    fn is_delivery_param(&self, _name: &str) -> bool {
+        false
+    }
+
+    /// Whether a request with this query may be coalesced and cached at all,
+    /// like [`dedupable`](Self::dedupable) for the body: one whose query asks
+    /// for a projection of the answer (Gemini's `fields` mask) goes upstream
+    /// as it came (`BYPASS`).
+    fn dedupable_query(&self, _query: Option<&str>) -> bool {
+        true
     }
 
     /// The query a streamed upstream call adds (Gemini's `alt=sse`: events,

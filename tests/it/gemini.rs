@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::{harness::TestGateway, sdk::Python};
 
 /// Adds an `api: gemini` upstream at the mock's `/v1beta` (for `gemini-*`).
-fn with_gemini(config: &mut Config) {
+pub(crate) fn with_gemini(config: &mut Config) {
     let mut gemini = config.upstreams[0].clone();
     gemini.name = "gemini".into();
     gemini.api = Api::Gemini;

@@ -25,6 +25,7 @@ mod embeddings;
 mod fuzz_corpora;
 mod gemini;
 mod gemini_cli;
+mod gemini_wire;
 mod label_fields;
 mod logs;
 mod long_calls;

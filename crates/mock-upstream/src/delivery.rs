@@ -158,14 +158,15 @@ pub(super) fn sse_response(shared: Arc<Shared>, events: SseEvents, delivery: Del
         truncate,
         pad_to,
     } = delivery;
-    let paced = move |(index, event): (usize, Bytes)| async move {
-        if index == 0 && !first.is_zero() {
-            tokio::time::sleep(first).await;
+    let starts = Arc::clone(&shared);
+    let paced = move |(index, event): (usize, Bytes)| {
+        let starts = Arc::clone(&starts);
+        async move {
+            if index == 0 {
+                starts.wait_at_stream_start().await;
+            }
+            paced_event(index, event, first, delay).await
         }
-        if index > 0 && !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
-        Ok::<_, io::Error>(event)
     };
     let body = if truncate {
         events.truncate(first_content + 1);
@@ -195,9 +196,9 @@ pub(super) fn sse_response(shared: Arc<Shared>, events: SseEvents, delivery: Del
         })
         .filter_map(|()| async { None });
         let frames = futures::stream::iter(head)
-            .then(paced)
+            .then(paced.clone())
             .chain(futures::stream::iter(pad.map(Pad::frames)).flatten())
-            .chain(futures::stream::iter(tail).then(paced))
+            .chain(futures::stream::iter(tail).then(paced.clone()))
             .chain(end)
             .chain(futures::stream::iter(last).then(paced));
         Body::from_stream(frames)
@@ -207,6 +208,23 @@ pub(super) fn sse_response(shared: Arc<Shared>, events: SseEvents, delivery: Del
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+/// One of a stream's own events, after the silence before it: `first` before the first,
+/// `delay` before each other.
+async fn paced_event(
+    index: usize,
+    event: Bytes,
+    first: Duration,
+    delay: Duration,
+) -> Result<Bytes, io::Error> {
+    if index == 0 && !first.is_zero() {
+        tokio::time::sleep(first).await;
+    }
+    if index > 0 && !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    Ok(event)
 }
 
 /// The padding of one stream: chunks of one word each until they add up to at least the

@@ -15,7 +15,8 @@
 //! for that event instead of sleeping ([`MockProvider::wait_for_calls`]). And the knobs a test
 //! turns to provoke the gateway: hold every call until released, inject failures, answer from a
 //! FIFO of scripted responses, add latency, cut streams short, pad streams to a size and keep
-//! them open before their final event (`delivery.rs`). The same knobs are exposed over
+//! them open before their final event (`delivery.rs`), or before their first
+//! (`stream_starts.rs`). The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
 //! It deliberately does not model tokenizers, rate limits or authentication: the gateway
@@ -30,6 +31,7 @@ mod gemini;
 mod http;
 mod openai;
 mod responses;
+mod stream_starts;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -336,6 +338,32 @@ impl MockProvider {
         self.inner.shared.wait_for_streams_at_end(n, timeout).await
     }
 
+    /// From now on, every streamed answer sends its response head and then waits before its
+    /// first event, counted in [`streams_at_start`](Self::streams_at_start), until
+    /// [`release_stream_starts`](Self::release_stream_starts): a model thinking for as long as
+    /// a test needs it silent.
+    pub fn hold_stream_starts(&self) {
+        self.inner.shared.set_stream_starts_held(true);
+    }
+
+    /// Let every stream waiting at its start send its events, and stop holding.
+    pub fn release_stream_starts(&self) {
+        self.inner.shared.set_stream_starts_held(false);
+    }
+
+    /// Streams that sent their response head and wait before their first event now.
+    pub fn streams_at_start(&self) -> usize {
+        self.inner.shared.streams_at_start()
+    }
+
+    /// Wait until at least `n` streams wait at their start; false if `timeout` passed first.
+    pub async fn wait_for_streams_at_start(&self, n: usize, timeout: Duration) -> bool {
+        self.inner
+            .shared
+            .wait_for_streams_at_start(n, timeout)
+            .await
+    }
+
     /// Embeddings inputs embedded so far, over every successful `/v1/embeddings` call and
     /// Gemini `:embedContent`/`:batchEmbedContents` call: a batch of five inputs counts five.
     pub fn embedded_inputs(&self) -> u64 {
@@ -376,6 +404,7 @@ struct Shared {
     /// Body size streamed chat and Gemini answers are padded to (0: none).
     stream_padding: AtomicUsize,
     stream_ends: watch::Sender<delivery::StreamEnds>,
+    stream_starts: watch::Sender<stream_starts::StreamStarts>,
     ledger: Mutex<Ledger>,
     /// Every non-admin request line, billable or not (see [`MockProvider::received`]).
     received: Mutex<Vec<String>>,
@@ -423,6 +452,7 @@ impl Shared {
             truncate_streams: AtomicBool::new(false),
             stream_padding: AtomicUsize::new(0),
             stream_ends: watch::Sender::new(delivery::StreamEnds::default()),
+            stream_starts: watch::Sender::new(stream_starts::StreamStarts::default()),
             ledger: Mutex::new(Ledger::default()),
             received: Mutex::new(Vec::new()),
             calls: watch::Sender::new(0),
@@ -554,6 +584,7 @@ impl Shared {
         self.truncate_streams.store(false, Ordering::Relaxed);
         self.stream_padding.store(0, Ordering::Relaxed);
         self.set_stream_ends_held(false);
+        self.set_stream_starts_held(false);
     }
 }
 

@@ -27,6 +27,7 @@ async fn a_silent_stream_gets_keepalives_and_loses_no_event() {
     let received: Vec<Bytes> = with_keepalive(
         thinking_stream(Duration::from_secs(100)),
         Duration::from_secs(15),
+        KEEPALIVE,
     )
     .map(Result::unwrap)
     .collect()
@@ -52,10 +53,13 @@ async fn a_silent_stream_gets_keepalives_and_loses_no_event() {
 
 #[tokio::test(start_paused = true)]
 async fn keepalives_off_send_only_events() {
-    let received: Vec<Bytes> =
-        with_keepalive(thinking_stream(Duration::from_secs(100)), Duration::ZERO)
-            .map(Result::unwrap)
-            .collect()
-            .await;
+    let received: Vec<Bytes> = with_keepalive(
+        thinking_stream(Duration::from_secs(100)),
+        Duration::ZERO,
+        KEEPALIVE,
+    )
+    .map(Result::unwrap)
+    .collect()
+    .await;
     assert_eq!(received.len(), 2);
 }
