@@ -154,6 +154,112 @@ impl Usage {
     }
 }
 
+/// Bytes of text per token an estimate assumes: OpenAI's rule of thumb for
+/// English ("a token is about four characters"). Coarse on purpose: it bills
+/// something sane where a provider reported nothing, never a figure to audit.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Why a call was billed an estimate rather than the usage its provider
+/// reported: the `reason` label of `corral_usage_estimated_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Estimated {
+    /// The stream broke (cut, stalled, malformed, too large) before its usage came.
+    Broken,
+    /// Every caller left, or the gateway cut the stream at shutdown, before its usage came.
+    Abandoned,
+    /// The answer was complete but carried no usage (Gemini's embeddings never do).
+    Unreported,
+}
+
+impl Estimated {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Broken => "broken",
+            Self::Abandoned => "abandoned",
+            Self::Unreported => "unreported",
+        }
+    }
+}
+
+impl Usage {
+    /// What is known of a call whose usage is not: its request's size and the
+    /// text it relayed, at [`BYTES_PER_TOKEN`], rounded up. The request's
+    /// bytes include its JSON, so the input is over- rather than
+    /// under-counted; the output counts only generated text ([`text_bytes`]).
+    pub fn estimate(request_bytes: usize, output_text_bytes: usize) -> Self {
+        let tokens = |bytes: usize| bytes.div_ceil(BYTES_PER_TOKEN) as u64;
+        Self {
+            prompt_tokens: tokens(request_bytes),
+            completion_tokens: tokens(output_text_bytes),
+            ..Self::default()
+        }
+    }
+
+    /// `self` (what a broken stream reported, Anthropic's input counts say)
+    /// with at least `output_tokens` of output: the text relayed after the
+    /// last report was generated, and billed, all the same.
+    pub fn with_output_at_least(mut self, output_tokens: u64) -> Self {
+        self.completion_tokens = self.completion_tokens.max(output_tokens);
+        self
+    }
+}
+
+/// Keys whose string values are generated text in every API's answers and
+/// stream events: chat's `content`, `arguments` and `refusal`, Responses'
+/// `delta`s, Anthropic's `text`, `partial_json` and `thinking`, Gemini's `text`.
+const TEXT_KEYS: [&str; 7] = [
+    "content",
+    "text",
+    "delta",
+    "arguments",
+    "partial_json",
+    "thinking",
+    "refusal",
+];
+
+/// Keys that hold a copy of text already counted elsewhere in a stream: a
+/// Responses lifecycle event's whole `response`, an output `item`, a content `part`.
+const REPEATING_KEYS: [&str; 3] = ["response", "item", "part"];
+
+/// The bytes of generated text in one answer or one stream event (a JSON
+/// value), for [`Usage::estimate`]. A named event whose `type` ends in
+/// `.done` repeats the deltas before it and counts nothing.
+pub fn text_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    if value
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.ends_with(".done"))
+    {
+        return 0;
+    }
+    // Iterative, so no answer's depth can exhaust the stack.
+    let mut pending = vec![value];
+    let mut bytes = 0_usize;
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Array(items) => pending.extend(items),
+            Value::Object(members) => {
+                for (key, member) in members {
+                    match member {
+                        Value::String(text) if TEXT_KEYS.contains(&key.as_str()) => {
+                            bytes = bytes.saturating_add(text.len());
+                        }
+                        Value::Array(_) | Value::Object(_)
+                            if !REPEATING_KEYS.contains(&key.as_str()) =>
+                        {
+                            pending.push(member);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
 /// Every count any supported shape may carry; absent and `null` read as absent.
 #[derive(Deserialize)]
 struct Raw {
@@ -346,5 +452,60 @@ mod tests {
         assert_eq!(old.billed()[0], (TokenKind::Input, 3));
         let text = serde_json::to_string(&old).unwrap();
         assert_eq!(text, r#"{"prompt_tokens":3,"completion_tokens":5}"#);
+    }
+
+    #[test]
+    fn an_estimate_is_four_bytes_a_token_of_the_request_and_the_relayed_text() {
+        let usage = Usage::estimate(401, 8);
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (101, 2));
+        assert_eq!(Usage::estimate(0, 0).total(), 0);
+        let broken = Usage {
+            prompt_tokens: 50,
+            completion_tokens: 1,
+            ..Usage::default()
+        };
+        assert_eq!(broken.with_output_at_least(9).completion_tokens, 9);
+        assert_eq!(broken.with_output_at_least(0).completion_tokens, 1);
+    }
+
+    #[test]
+    fn text_bytes_counts_generated_text_in_every_apis_shape() {
+        let of = |json: &str| text_bytes(&serde_json::from_str(json).unwrap());
+        // Chat: a stream chunk's delta, an answer's message, tool arguments.
+        assert_eq!(
+            of(r#"{"choices":[{"delta":{"role":"assistant","content":"Hello"}}]}"#),
+            5
+        );
+        assert_eq!(
+            of(
+                r#"{"choices":[{"message":{"content":"Hi","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#
+            ),
+            4
+        );
+        // Responses: deltas count; done events and the completed response repeat them.
+        assert_eq!(
+            of(r#"{"type":"response.output_text.delta","delta":"abc"}"#),
+            3
+        );
+        assert_eq!(
+            of(r#"{"type":"response.output_text.done","text":"abc"}"#),
+            0
+        );
+        assert_eq!(
+            of(
+                r#"{"type":"response.completed","response":{"output":[{"content":[{"text":"abc"}]}]}}"#
+            ),
+            0
+        );
+        // Anthropic and Gemini.
+        assert_eq!(
+            of(r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"four"}}"#),
+            4
+        );
+        assert_eq!(
+            of(r#"{"candidates":[{"content":{"parts":[{"text":"twelve bytes"}]}}]}"#),
+            12
+        );
+        assert_eq!(of(r#"{"model":"gpt-4o","usage":{"prompt_tokens":3}}"#), 0);
     }
 }
