@@ -38,6 +38,13 @@ pub struct Usage {
     /// Of `completion_tokens`: reasoning ("thinking") tokens, billed as output.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reasoning_tokens: u64,
+    /// Of `prompt_tokens`: audio input (OpenAI `prompt_tokens_details.audio_tokens`,
+    /// Gemini's `AUDIO` modality), at the model's audio price where it has one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_input_tokens: u64,
+    /// Of `completion_tokens`: audio output, likewise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_output_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -150,6 +157,8 @@ impl Usage {
             cached_tokens: count("cachedContentTokenCount").unwrap_or(0),
             cache_write_tokens: 0,
             reasoning_tokens: thoughts,
+            audio_input_tokens: audio_of(metadata.get("promptTokensDetails")),
+            audio_output_tokens: audio_of(metadata.get("candidatesTokensDetails")),
         })
     }
 }
@@ -260,6 +269,19 @@ pub fn text_bytes(value: &serde_json::Value) -> usize {
     bytes
 }
 
+/// The `AUDIO` modality's count in a Gemini `*TokensDetails` list.
+fn audio_of(details: Option<&serde_json::Value>) -> u64 {
+    details
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|detail| {
+            detail.get("modality").and_then(serde_json::Value::as_str) == Some("AUDIO")
+        })
+        .filter_map(|detail| detail.get("tokenCount").and_then(serde_json::Value::as_u64))
+        .fold(0, u64::saturating_add)
+}
+
 /// Every count any supported shape may carry; absent and `null` read as absent.
 #[derive(Deserialize)]
 struct Raw {
@@ -283,6 +305,7 @@ struct Raw {
 #[derive(Deserialize)]
 struct Details {
     cached_tokens: Option<u64>,
+    audio_tokens: Option<u64>,
     reasoning_tokens: Option<u64>,
     /// Anthropic's name for reasoning output, where reported.
     thinking_tokens: Option<u64>,
@@ -299,6 +322,8 @@ impl Raw {
         let reasoning =
             |details: &Option<Details>| details.as_ref().and_then(Details::reasoning).unwrap_or(0);
         let cached_in = |details: &Option<Details>| details.as_ref().and_then(|d| d.cached_tokens);
+        let audio =
+            |details: &Option<Details>| details.as_ref().and_then(|d| d.audio_tokens).unwrap_or(0);
         if let Some(prompt_tokens) = self.prompt_tokens {
             // OpenAI Chat Completions and compatible: parts inside the totals.
             return Some(Usage {
@@ -309,6 +334,8 @@ impl Raw {
                     .unwrap_or(0),
                 cache_write_tokens: 0,
                 reasoning_tokens: reasoning(&self.completion_tokens_details),
+                audio_input_tokens: audio(&self.prompt_tokens_details),
+                audio_output_tokens: audio(&self.completion_tokens_details),
             });
         }
         let input_tokens = self.input_tokens?;
@@ -322,6 +349,8 @@ impl Raw {
                 cached_tokens: cached_in(&self.input_tokens_details).unwrap_or(0),
                 cache_write_tokens: 0,
                 reasoning_tokens,
+                audio_input_tokens: audio(&self.input_tokens_details),
+                audio_output_tokens: audio(&self.output_tokens_details),
             });
         }
         // Anthropic: cache reads and writes come on top of `input_tokens`.
@@ -335,6 +364,8 @@ impl Raw {
             cached_tokens,
             cache_write_tokens,
             reasoning_tokens,
+            audio_input_tokens: 0,
+            audio_output_tokens: 0,
         })
     }
 }
@@ -369,6 +400,21 @@ mod tests {
         );
         let usage = Usage::from_body(body.as_bytes()).unwrap();
         assert_eq!(usage.total(), 1100);
+        let audio = r#"{"usage":{"prompt_tokens":50,"completion_tokens":40,
+            "prompt_tokens_details":{"audio_tokens":30},"completion_tokens_details":{"audio_tokens":20}}}"#;
+        let audio = Usage::from_body(audio.as_bytes()).unwrap();
+        assert_eq!(
+            (audio.audio_input_tokens, audio.audio_output_tokens),
+            (30, 20)
+        );
+        let gemini = serde_json::json!({"promptTokenCount": 9,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 4}, {"modality": "AUDIO", "tokenCount": 5}]});
+        assert_eq!(
+            Usage::from_usage_metadata(&gemini)
+                .unwrap()
+                .audio_input_tokens,
+            5
+        );
     }
 
     #[test]

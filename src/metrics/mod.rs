@@ -827,6 +827,8 @@ mod tests {
         cached_tokens: 0,
         cache_write_tokens: 0,
         reasoning_tokens: 0,
+        audio_input_tokens: 0,
+        audio_output_tokens: 0,
     };
 
     #[test]
