@@ -13,9 +13,13 @@ Options: --out FILE (default: the snapshot beside this script), --license-out FI
 
 What is kept, per model of the providers in PROVIDERS (earlier providers win a name clash):
 the prices per million tokens of uncached input, cached input (cache read), cache write and
-output. Conditional prices are resolved at --as-of 12:00 UTC (DeepSeek's off-peak discount is
-therefore not applied); tiered prices (long-context surcharges) keep their base tier; a cache
-write is priced at the 5-minute rate. Match clauses become exact names and globs; a clause that
+output, and the per-million prices of audio input and output tokens where the model has them
+(`input_audio`, `output_audio`, only then). Conditional prices are resolved at --as-of 12:00 UTC
+(DeepSeek's off-peak discount is therefore not applied); tiered prices (long-context surcharges)
+keep their base tier in the four prices and list each tier under `tiers` (only when there are
+any): `above`, the prompt size in tokens past which the tier's prices apply to every token of the
+answer, and the four prices at that size (a price without tiers repeats its base); a cache write
+is priced at the 5-minute rate. Match clauses become exact names and globs; a clause that
 is not expressible as a glob (a regex) is dropped, and the model is listed under `approximated`.
 """
 
@@ -100,6 +104,35 @@ def price(value):
     return json.loads(text)
 
 
+AUDIO_FIELDS = {"input_audio": "input_audio_mtok", "output_audio": "output_audio_mtok"}
+
+
+def tiers(prices):
+    """The long-context tiers of a model's prices: one entry per tier start, every price at it."""
+    tiered = {
+        name: getattr(prices, field, None)
+        for name, field in PRICE_FIELDS.items()
+    }
+    starts = sorted(
+        {tier.start for value in tiered.values() if isinstance(value, types.TieredPrices) for tier in value.tiers}
+    )
+    out = []
+    for start in starts:
+        entry = {"above": start}
+        for name, value in tiered.items():
+            if isinstance(value, types.TieredPrices):
+                applicable = value.base
+                for tier in value.tiers:
+                    if tier.start <= start:
+                        applicable = tier.price
+                value = applicable
+            entry[name] = price(value)
+        entry["input"] = entry["input"] or 0
+        entry["output"] = entry["output"] or 0
+        out.append(entry)
+    return out
+
+
 def snapshot(as_of):
     at = datetime.datetime.combine(as_of, datetime.time(12, 0), tzinfo=datetime.timezone.utc)
     by_id = {provider.id: provider for provider in data.providers}
@@ -122,17 +155,23 @@ def snapshot(as_of):
             seen.add(model.id.lower())
             if notes:
                 approximated.append(f"{provider_id}/{model.id}")
-            models.append(
-                {
-                    "id": model.id.lower(),
-                    "provider": provider_id,
-                    "match": sorted(set(matches), key=matches.index),
-                    "input": entry["input"] or 0,
-                    "cached_input": entry["cached_input"],
-                    "cache_write": entry["cache_write"],
-                    "output": entry["output"] or 0,
-                }
-            )
+            kept = {
+                "id": model.id.lower(),
+                "provider": provider_id,
+                "match": sorted(set(matches), key=matches.index),
+                "input": entry["input"] or 0,
+                "cached_input": entry["cached_input"],
+                "cache_write": entry["cache_write"],
+                "output": entry["output"] or 0,
+            }
+            for name, field in AUDIO_FIELDS.items():
+                audio = price(getattr(prices, field, None))
+                if audio is not None:
+                    kept[name] = audio
+            long_context = tiers(prices)
+            if long_context:
+                kept["tiers"] = long_context
+            models.append(kept)
     return {
         "source": {
             "package": "genai-prices",

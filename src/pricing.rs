@@ -189,6 +189,27 @@ pub struct SnapshotModel {
     pub cached_input: Option<f64>,
     pub cache_write: Option<f64>,
     pub output: f64,
+    /// Audio input tokens, where the model prices them apart (else billed as input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_audio: Option<f64>,
+    /// Audio output tokens, where the model prices them apart (else billed as output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_audio: Option<f64>,
+    /// Long-context tiers, by the prompt size they start past, ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<SnapshotTier>,
+}
+
+/// The prices of an answer whose prompt is longer than `above` tokens: every
+/// token of it, not only those past the threshold (the providers' "cliff").
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotTier {
+    pub above: u64,
+    pub input: f64,
+    pub cached_input: Option<f64>,
+    pub cache_write: Option<f64>,
+    pub output: f64,
 }
 
 impl SnapshotModel {
@@ -199,6 +220,93 @@ impl SnapshotModel {
             cached_input: self.cached_input,
             cache_write: self.cache_write,
         }
+    }
+
+    /// Every price of the model, tiers and audio included; `None` for a
+    /// price no integer rate holds (the snapshot's test refuses those).
+    pub fn tariff(&self) -> Option<Tariff> {
+        let tiers = self
+            .tiers
+            .iter()
+            .map(|tier| {
+                let price = ModelPrice {
+                    input: tier.input,
+                    output: tier.output,
+                    cached_input: tier.cached_input,
+                    cache_write: tier.cache_write,
+                };
+                Some((tier.above, Rates::of(&price)?))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        // Absent: `Some(None)`; a price no rate holds: `None`.
+        let audio = |price: Option<f64>| match price {
+            None => Some(None),
+            Some(price) => picos_per_token(price).map(Some),
+        };
+        Some(Tariff {
+            base: Rates::of(&self.price())?,
+            tiers,
+            audio_input: audio(self.input_audio)?,
+            audio_output: audio(self.output_audio)?,
+        })
+    }
+}
+
+/// Every rate one model is billed at: its base rates, the long-context tiers
+/// that replace them past a prompt size, and audio token rates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tariff {
+    pub base: Rates,
+    /// `(above, rates)`, ascending: an answer whose prompt has more than
+    /// `above` tokens is billed at `rates`, every token of it.
+    pub tiers: Vec<(u64, Rates)>,
+    /// Picodollars per audio input token; `None`: billed as input.
+    pub audio_input: Option<u64>,
+    /// Picodollars per audio output token; `None`: billed as output.
+    pub audio_output: Option<u64>,
+}
+
+impl Tariff {
+    /// Just `rates`: no tiers, no audio prices.
+    pub fn flat(rates: Rates) -> Self {
+        Self {
+            base: rates,
+            tiers: Vec::new(),
+            audio_input: None,
+            audio_output: None,
+        }
+    }
+
+    /// The rates an answer with `prompt_tokens` of input is billed at.
+    pub fn rates_for(&self, prompt_tokens: u64) -> &Rates {
+        self.tiers
+            .iter()
+            .rev()
+            .find(|(above, _)| prompt_tokens > *above)
+            .map_or(&self.base, |(_, rates)| rates)
+    }
+
+    /// What `usage` costs: its tier's rates, with its audio tokens (parts of
+    /// its uncached input and its non-reasoning output) at the audio rates.
+    pub fn cost(&self, usage: &Usage) -> PicoUsd {
+        let rates = self.rates_for(usage.prompt_tokens);
+        let billed = usage.billed();
+        let mut picos: u128 = 0;
+        for (kind, tokens) in billed {
+            let (audio, audio_rate) = match kind {
+                TokenKind::Input => (usage.audio_input_tokens.min(tokens), self.audio_input),
+                TokenKind::Output => (usage.audio_output_tokens.min(tokens), self.audio_output),
+                _ => (0, None),
+            };
+            let (audio, audio_rate) = match audio_rate {
+                Some(rate) => (audio, rate),
+                None => (0, 0),
+            };
+            picos = picos
+                .saturating_add(u128::from(tokens - audio) * u128::from(rates.of_kind(kind)))
+                .saturating_add(u128::from(audio) * u128::from(audio_rate));
+        }
+        PicoUsd(picos)
     }
 }
 
@@ -248,6 +356,8 @@ mod tests {
             cached_tokens: 800,
             cache_write_tokens: 0,
             reasoning_tokens: 60,
+            audio_input_tokens: 0,
+            audio_output_tokens: 0,
         };
         // 200 x 2.5 + 800 x 1.25 + 100 x 10 per million = $0.0025
         assert_eq!(rates.cost(&usage), PicoUsd(2_500_000_000));
@@ -362,11 +472,74 @@ mod tests {
         assert!(snapshot.models.len() >= 200, "{}", snapshot.models.len());
         for model in &snapshot.models {
             assert!(Rates::of(&model.price()).is_some(), "{model:?}");
+            assert!(model.tariff().is_some(), "{model:?}");
+            assert!(
+                model
+                    .tiers
+                    .windows(2)
+                    .all(|pair| pair[0].above < pair[1].above),
+                "{model:?}"
+            );
             assert!(!model.names.is_empty(), "{}", model.id);
             for name in &model.names {
                 assert!(glob::Pattern::new(name).is_ok(), "{}: {name}", model.id);
                 assert_eq!(name, &name.to_lowercase(), "{}", model.id);
             }
         }
+    }
+
+    fn tiered_model(id: &str) -> SnapshotModel {
+        snapshot()
+            .models
+            .iter()
+            .find(|model| model.id == id)
+            .unwrap_or_else(|| panic!("{id} is in the snapshot"))
+            .clone()
+    }
+
+    #[test]
+    fn a_long_prompt_is_billed_at_its_tier_every_token_of_it() {
+        // gemini-2.5-pro: $1.25 in / $10 out, $2.5 / $15 past 200k prompt tokens.
+        let tariff = tiered_model("gemini-2.5-pro").tariff().unwrap();
+        assert_eq!(tariff.tiers.len(), 1);
+        let at = |prompt_tokens| {
+            tariff.cost(&Usage {
+                prompt_tokens,
+                completion_tokens: 1_000,
+                ..Usage::default()
+            })
+        };
+        // 200,000 x 1.25 + 1,000 x 10 per million: the base tier, to the threshold.
+        assert_eq!(at(200_000).to_string(), "$0.26");
+        // 200,001 x 2.5 + 1,000 x 15 per million: every token at the long-context tier.
+        assert_eq!(at(200_001).to_string(), "$0.5150025");
+        // Claude Sonnet 4.5's tier doubles its cache prices too.
+        let claude = tiered_model("claude-sonnet-4-5").tariff().unwrap();
+        let long = Usage {
+            prompt_tokens: 300_000,
+            cached_tokens: 100_000,
+            cache_write_tokens: 100_000,
+            ..Usage::default()
+        };
+        // 100k x 6 + 100k x 0.6 + 100k x 7.5 per million.
+        assert_eq!(claude.cost(&long).to_string(), "$1.41");
+    }
+
+    #[test]
+    fn audio_tokens_are_billed_at_the_audio_rates() {
+        // gpt-audio: text $2.5 in / $10 out, audio $32 in / $64 out.
+        let tariff = tiered_model("gpt-audio").tariff().unwrap();
+        let usage = Usage {
+            prompt_tokens: 1_000,
+            completion_tokens: 500,
+            audio_input_tokens: 800,
+            audio_output_tokens: 400,
+            ..Usage::default()
+        };
+        // 200 x 2.5 + 800 x 32 + 100 x 10 + 400 x 64 per million.
+        assert_eq!(tariff.cost(&usage).to_string(), "$0.0527");
+        // A model without audio prices bills audio as text.
+        let flat = Tariff::flat(tariff.base);
+        assert_eq!(flat.cost(&usage).to_string(), "$0.0075");
     }
 }

@@ -38,6 +38,13 @@ pub struct Usage {
     /// Of `completion_tokens`: reasoning ("thinking") tokens, billed as output.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reasoning_tokens: u64,
+    /// Of `prompt_tokens`: audio input (OpenAI `prompt_tokens_details.audio_tokens`,
+    /// Gemini's `AUDIO` modality), at the model's audio price where it has one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_input_tokens: u64,
+    /// Of `completion_tokens`: audio output, likewise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audio_output_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -150,8 +157,129 @@ impl Usage {
             cached_tokens: count("cachedContentTokenCount").unwrap_or(0),
             cache_write_tokens: 0,
             reasoning_tokens: thoughts,
+            audio_input_tokens: audio_of(metadata.get("promptTokensDetails")),
+            audio_output_tokens: audio_of(metadata.get("candidatesTokensDetails")),
         })
     }
+}
+
+/// Bytes of text per token an estimate assumes: OpenAI's rule of thumb for
+/// English ("a token is about four characters"). Coarse on purpose: it bills
+/// something sane where a provider reported nothing, never a figure to audit.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Why a call was billed an estimate rather than the usage its provider
+/// reported: the `reason` label of `corral_usage_estimated_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Estimated {
+    /// The stream broke (cut, stalled, malformed, too large) before its usage came.
+    Broken,
+    /// Every caller left, or the gateway cut the stream at shutdown, before its usage came.
+    Abandoned,
+    /// The answer was complete but carried no usage (Gemini's embeddings never do).
+    Unreported,
+}
+
+impl Estimated {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Broken => "broken",
+            Self::Abandoned => "abandoned",
+            Self::Unreported => "unreported",
+        }
+    }
+}
+
+impl Usage {
+    /// What is known of a call whose usage is not: its request's size and the
+    /// text it relayed, at [`BYTES_PER_TOKEN`], rounded up. The request's
+    /// bytes include its JSON, so the input is over- rather than
+    /// under-counted; the output counts only generated text ([`text_bytes`]).
+    pub fn estimate(request_bytes: usize, output_text_bytes: usize) -> Self {
+        let tokens = |bytes: usize| bytes.div_ceil(BYTES_PER_TOKEN) as u64;
+        Self {
+            prompt_tokens: tokens(request_bytes),
+            completion_tokens: tokens(output_text_bytes),
+            ..Self::default()
+        }
+    }
+
+    /// `self` (what a broken stream reported, Anthropic's input counts say)
+    /// with at least `output_tokens` of output: the text relayed after the
+    /// last report was generated, and billed, all the same.
+    pub fn with_output_at_least(mut self, output_tokens: u64) -> Self {
+        self.completion_tokens = self.completion_tokens.max(output_tokens);
+        self
+    }
+}
+
+/// Keys whose string values are generated text in every API's answers and
+/// stream events: chat's `content`, `arguments` and `refusal`, Responses'
+/// `delta`s, Anthropic's `text`, `partial_json` and `thinking`, Gemini's `text`.
+const TEXT_KEYS: [&str; 7] = [
+    "content",
+    "text",
+    "delta",
+    "arguments",
+    "partial_json",
+    "thinking",
+    "refusal",
+];
+
+/// Keys that hold a copy of text already counted elsewhere in a stream: a
+/// Responses lifecycle event's whole `response`, an output `item`, a content `part`.
+const REPEATING_KEYS: [&str; 3] = ["response", "item", "part"];
+
+/// The bytes of generated text in one answer or one stream event (a JSON
+/// value), for [`Usage::estimate`]. A named event whose `type` ends in
+/// `.done` repeats the deltas before it and counts nothing.
+pub fn text_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    if value
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.ends_with(".done"))
+    {
+        return 0;
+    }
+    // Iterative, so no answer's depth can exhaust the stack.
+    let mut pending = vec![value];
+    let mut bytes = 0_usize;
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Array(items) => pending.extend(items),
+            Value::Object(members) => {
+                for (key, member) in members {
+                    match member {
+                        Value::String(text) if TEXT_KEYS.contains(&key.as_str()) => {
+                            bytes = bytes.saturating_add(text.len());
+                        }
+                        Value::Array(_) | Value::Object(_)
+                            if !REPEATING_KEYS.contains(&key.as_str()) =>
+                        {
+                            pending.push(member);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+/// The `AUDIO` modality's count in a Gemini `*TokensDetails` list.
+fn audio_of(details: Option<&serde_json::Value>) -> u64 {
+    details
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|detail| {
+            detail.get("modality").and_then(serde_json::Value::as_str) == Some("AUDIO")
+        })
+        .filter_map(|detail| detail.get("tokenCount").and_then(serde_json::Value::as_u64))
+        .fold(0, u64::saturating_add)
 }
 
 /// Every count any supported shape may carry; absent and `null` read as absent.
@@ -177,6 +305,7 @@ struct Raw {
 #[derive(Deserialize)]
 struct Details {
     cached_tokens: Option<u64>,
+    audio_tokens: Option<u64>,
     reasoning_tokens: Option<u64>,
     /// Anthropic's name for reasoning output, where reported.
     thinking_tokens: Option<u64>,
@@ -193,6 +322,8 @@ impl Raw {
         let reasoning =
             |details: &Option<Details>| details.as_ref().and_then(Details::reasoning).unwrap_or(0);
         let cached_in = |details: &Option<Details>| details.as_ref().and_then(|d| d.cached_tokens);
+        let audio =
+            |details: &Option<Details>| details.as_ref().and_then(|d| d.audio_tokens).unwrap_or(0);
         if let Some(prompt_tokens) = self.prompt_tokens {
             // OpenAI Chat Completions and compatible: parts inside the totals.
             return Some(Usage {
@@ -203,6 +334,8 @@ impl Raw {
                     .unwrap_or(0),
                 cache_write_tokens: 0,
                 reasoning_tokens: reasoning(&self.completion_tokens_details),
+                audio_input_tokens: audio(&self.prompt_tokens_details),
+                audio_output_tokens: audio(&self.completion_tokens_details),
             });
         }
         let input_tokens = self.input_tokens?;
@@ -216,6 +349,8 @@ impl Raw {
                 cached_tokens: cached_in(&self.input_tokens_details).unwrap_or(0),
                 cache_write_tokens: 0,
                 reasoning_tokens,
+                audio_input_tokens: audio(&self.input_tokens_details),
+                audio_output_tokens: audio(&self.output_tokens_details),
             });
         }
         // Anthropic: cache reads and writes come on top of `input_tokens`.
@@ -229,6 +364,8 @@ impl Raw {
             cached_tokens,
             cache_write_tokens,
             reasoning_tokens,
+            audio_input_tokens: 0,
+            audio_output_tokens: 0,
         })
     }
 }
@@ -263,6 +400,21 @@ mod tests {
         );
         let usage = Usage::from_body(body.as_bytes()).unwrap();
         assert_eq!(usage.total(), 1100);
+        let audio = r#"{"usage":{"prompt_tokens":50,"completion_tokens":40,
+            "prompt_tokens_details":{"audio_tokens":30},"completion_tokens_details":{"audio_tokens":20}}}"#;
+        let audio = Usage::from_body(audio.as_bytes()).unwrap();
+        assert_eq!(
+            (audio.audio_input_tokens, audio.audio_output_tokens),
+            (30, 20)
+        );
+        let gemini = serde_json::json!({"promptTokenCount": 9,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 4}, {"modality": "AUDIO", "tokenCount": 5}]});
+        assert_eq!(
+            Usage::from_usage_metadata(&gemini)
+                .unwrap()
+                .audio_input_tokens,
+            5
+        );
     }
 
     #[test]
@@ -346,5 +498,60 @@ mod tests {
         assert_eq!(old.billed()[0], (TokenKind::Input, 3));
         let text = serde_json::to_string(&old).unwrap();
         assert_eq!(text, r#"{"prompt_tokens":3,"completion_tokens":5}"#);
+    }
+
+    #[test]
+    fn an_estimate_is_four_bytes_a_token_of_the_request_and_the_relayed_text() {
+        let usage = Usage::estimate(401, 8);
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (101, 2));
+        assert_eq!(Usage::estimate(0, 0).total(), 0);
+        let broken = Usage {
+            prompt_tokens: 50,
+            completion_tokens: 1,
+            ..Usage::default()
+        };
+        assert_eq!(broken.with_output_at_least(9).completion_tokens, 9);
+        assert_eq!(broken.with_output_at_least(0).completion_tokens, 1);
+    }
+
+    #[test]
+    fn text_bytes_counts_generated_text_in_every_apis_shape() {
+        let of = |json: &str| text_bytes(&serde_json::from_str(json).unwrap());
+        // Chat: a stream chunk's delta, an answer's message, tool arguments.
+        assert_eq!(
+            of(r#"{"choices":[{"delta":{"role":"assistant","content":"Hello"}}]}"#),
+            5
+        );
+        assert_eq!(
+            of(
+                r#"{"choices":[{"message":{"content":"Hi","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#
+            ),
+            4
+        );
+        // Responses: deltas count; done events and the completed response repeat them.
+        assert_eq!(
+            of(r#"{"type":"response.output_text.delta","delta":"abc"}"#),
+            3
+        );
+        assert_eq!(
+            of(r#"{"type":"response.output_text.done","text":"abc"}"#),
+            0
+        );
+        assert_eq!(
+            of(
+                r#"{"type":"response.completed","response":{"output":[{"content":[{"text":"abc"}]}]}}"#
+            ),
+            0
+        );
+        // Anthropic and Gemini.
+        assert_eq!(
+            of(r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"four"}}"#),
+            4
+        );
+        assert_eq!(
+            of(r#"{"candidates":[{"content":{"parts":[{"text":"twelve bytes"}]}}]}"#),
+            12
+        );
+        assert_eq!(of(r#"{"model":"gpt-4o","usage":{"prompt_tokens":3}}"#), 0);
     }
 }

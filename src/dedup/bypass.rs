@@ -1,6 +1,10 @@
 //! `no-store` (or a request the cache may not share): the caller's own
 //! upstream call, its answer relayed and never stored or shared. A stream is
-//! relayed as it comes, bounded like every upstream body.
+//! relayed as it comes, bounded like every upstream body, and read as it
+//! passes (`sse::StreamTap`), so the call is billed like any other: once,
+//! when the stream ends, breaks, or its caller leaves.
+
+use std::{convert::Infallible, sync::Arc};
 
 use axum::{
     body::Body,
@@ -19,25 +23,23 @@ use crate::{
     error::GatewayError,
     metrics::Attribution,
     request::DedupRequest,
-    sse::{Format, Framing},
+    sse::{self, CallerUsage, Framing, StreamTap, TapEnd},
     upstream::Outbound,
     upstream::body,
+    usage::{Estimated, Usage, text_bytes},
 };
 
 pub(super) async fn serve(
-    dedup: &Dedup,
+    dedup: &Arc<Dedup>,
     request: &DedupRequest,
-    mut outbound: Outbound,
+    outbound: Outbound,
     bill: &Attribution,
 ) -> Result<Answered, GatewayError> {
     let mut response = if request.stream {
-        // In the caller's own framing (Gemini's events, or its JSON array).
-        if request.framing == Framing::Events {
-            super::add_stream_query(&mut outbound.query, request.wire);
-        }
-        stream_through(dedup, &outbound, bill, request.wire.stream_format()).await?
+        stream_through(dedup, request, outbound, bill).await?
     } else {
         dedup.may_call_upstream(bill).await?;
+        let request_bytes = outbound.body.len();
         let buffered = dedup.upstream.call_buffered(&outbound, &bill.model).await?;
         let shared = shared_response(
             request.wire,
@@ -45,7 +47,13 @@ pub(super) async fn serve(
             &buffered.headers,
             buffered.body,
         );
-        dedup.billed(bill, shared.usage);
+        // An answer without usage is billed what its size says.
+        dedup.billed_or_estimated(
+            bill,
+            shared.usage,
+            || Usage::estimate(request_bytes, answer_text_bytes(&shared.body)),
+            Estimated::Unreported,
+        );
         if dedup.traced {
             crate::traces::record_answer(shared.usage, &shared.body);
         }
@@ -68,27 +76,50 @@ pub(super) async fn serve(
     ))
 }
 
+/// The bytes of generated text in a non-stream answer.
+pub(super) fn answer_text_bytes(body: &[u8]) -> usize {
+    serde_json::from_slice::<serde_json::Value>(body).map_or(0, |answer| text_bytes(&answer))
+}
+
 /// Relays a live SSE stream (not coalesced). Retries happen only before the
-/// response headers arrive. The stream is not parsed, so its usage is unknown.
+/// response headers arrive. As a coalesced stream's, the upstream request asks
+/// for usage (chat's `include_usage`); a caller who did not ask receives the
+/// events without it, in corral's framing, and any other the provider's bytes
+/// as they came. A Gemini caller of the JSON-array framing receives the
+/// events framed as that array, as a coalesced one does.
 async fn stream_through(
-    dedup: &Dedup,
-    outbound: &Outbound,
+    dedup: &Arc<Dedup>,
+    request: &DedupRequest,
+    mut outbound: Outbound,
     bill: &Attribution,
-    format: Format,
 ) -> Result<Response, GatewayError> {
     let started = tokio::time::Instant::now();
+    let format = request.wire.stream_format();
+    super::add_stream_query(&mut outbound.query, request.wire);
+    let upstream_request = request.wire.stream_request(&request.body);
+    let caller_usage = upstream_request.caller_usage;
+    if caller_usage == CallerUsage::NotAsked {
+        outbound.body = upstream_request.body;
+    }
+    let as_array = request.framing == Framing::JsonArray;
+    let rewrite = as_array || caller_usage == CallerUsage::NotAsked;
     dedup.may_call_upstream(bill).await?;
     let upstream = dedup
         .upstream
-        .call_streaming_billed(outbound, &bill.model)
+        .call_streaming_billed(&outbound, &bill.model)
         .await?;
-    dedup.billed(bill, None);
     let status = upstream.status();
-    let content_type = upstream
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from_static("text/event-stream"));
+    let content_type = match (rewrite, upstream.headers().get(header::CONTENT_TYPE)) {
+        (false, Some(content_type)) => content_type.clone(),
+        _ => HeaderValue::from_static(request.framing.content_type()),
+    };
+    let billing = StreamBilling {
+        dedup: dedup.clone(),
+        bill: bill.clone(),
+        request_bytes: outbound.body.len(),
+        tap: StreamTap::new(format, caller_usage, rewrite, dedup.stream_limits.max_bytes),
+        billed: false,
+    };
     // Bounded like every upstream body; a stream that stalls or overruns ends
     // with an error event in the API's shape and a clean end, as a coalesced one would.
     let total = dedup
@@ -97,19 +128,39 @@ async fn stream_through(
         .saturating_sub(started.elapsed());
     let stall = dedup.coalesce.stream_stall_timeout;
     let cut = dedup.cut_upstream.clone();
-    let body = body::bounded(upstream, stall, total, cut).scan(false, |ended, chunk| {
-        let item = match chunk {
-            _ if *ended => None,
-            Ok(bytes) => Some(Ok::<Bytes, std::convert::Infallible>(bytes)),
-            Err(error) => {
-                tracing::warn!(%error, "a no-store stream broke");
-                *ended = true;
-                Some(Ok(format.error_event(&error.to_string(), 0)))
+    let chunks = Box::pin(body::bounded(upstream, stall, total, cut));
+    let pieces = futures::stream::unfold(Some((chunks, billing)), move |state| async move {
+        let (mut chunks, mut billing) = state?;
+        loop {
+            match chunks.next().await {
+                Some(Ok(chunk)) => {
+                    let pieces = billing.tap.pass(chunk);
+                    if !pieces.is_empty() {
+                        return Some((pieces, Some((chunks, billing))));
+                    }
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "a no-store stream broke");
+                    billing.settle(Estimated::Broken);
+                    return Some((vec![format.error_event(&error.to_string(), 0)], None));
+                }
+                None => {
+                    // Billed before the body ends, so a caller that read it all
+                    // finds the spend counted.
+                    let last = billing.tap.broken_end();
+                    billing.settle(Estimated::Broken);
+                    return last.map(|event| (vec![event], None));
+                }
             }
-        };
-        futures::future::ready(item)
-    });
-    let mut response = (status, Body::from_stream(body)).into_response();
+        }
+    })
+    .flat_map(|pieces| futures::stream::iter(pieces.into_iter().map(Ok::<Bytes, Infallible>)));
+    let body = if as_array {
+        Body::from_stream(sse::as_json_array(pieces))
+    } else {
+        Body::from_stream(pieces)
+    };
+    let mut response = (status, body).into_response();
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, content_type);
@@ -117,4 +168,55 @@ async fn stream_through(
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(response)
+}
+
+/// A `no-store` stream's bill, paid once: when the stream ends or breaks, or,
+/// when its caller leaves first, as the body is dropped.
+struct StreamBilling {
+    dedup: Arc<Dedup>,
+    bill: Attribution,
+    /// The upstream request's size, for an estimate of its input.
+    request_bytes: usize,
+    tap: StreamTap,
+    billed: bool,
+}
+
+impl StreamBilling {
+    /// Bills the stream: its reported usage (with at least the output relayed,
+    /// where it did not complete), else an estimate for `unfinished` (or, for
+    /// a stream that completed without usage, as unreported).
+    fn settle(&mut self, unfinished: Estimated) {
+        if std::mem::replace(&mut self.billed, true) {
+            return;
+        }
+        let text = self.tap.text_bytes();
+        let completed = self.tap.end() == TapEnd::Completed;
+        let relayed = Usage::estimate(0, text).completion_tokens;
+        let usage = match completed {
+            true => self.tap.usage(),
+            false => self
+                .tap
+                .usage()
+                .map(|usage| usage.with_output_at_least(relayed)),
+        };
+        let reason = if completed {
+            Estimated::Unreported
+        } else {
+            unfinished
+        };
+        let request_bytes = self.request_bytes;
+        self.dedup.billed_or_estimated(
+            &self.bill,
+            usage,
+            || Usage::estimate(request_bytes, text),
+            reason,
+        );
+    }
+}
+
+impl Drop for StreamBilling {
+    fn drop(&mut self) {
+        // The caller left before the end (a disconnect drops the body).
+        self.settle(Estimated::Abandoned);
+    }
 }

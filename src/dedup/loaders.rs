@@ -8,15 +8,16 @@ use std::sync::Arc;
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
 
-use super::{Dedup, RawRequest, outbound_of, respond::shared_response};
+use super::{Dedup, RawRequest, bypass::answer_text_bytes, outbound_of, respond::shared_response};
 use crate::{
     cache::StoredResponse,
     coalesce::{FlightCall, Loaded, Loader, StreamPublisher},
     error::GatewayError,
     fingerprint::{CacheKey, Sent},
     metrics::Attribution,
-    sse::{self, StreamLog},
+    sse::{self, Format, StreamLog},
     upstream::{Outbound, retry},
+    usage::{Estimated, Usage, text_bytes},
     wire::Wire,
 };
 
@@ -112,24 +113,44 @@ pub(super) fn stream_loader(
                         "the gateway is shutting down; the stream was cut",
                     ));
                 } => {
-                    dedup.billed(&bill, None);
+                    bill_unfinished(&dedup, &bill, &outbound, wire.stream_format(), &log.events(), Estimated::Abandoned);
                     return Err(GatewayError::ShuttingDown);
                 }
                 // Every reader left and nobody waits for the complete answer: stop the spend.
                 () = abandon => {
-                    // Paid for, up to where it stopped; how much is unknown.
-                    dedup.billed(&bill, None);
+                    // Paid for, up to where it stopped: what it reported, else an estimate.
+                    bill_unfinished(&dedup, &bill, &outbound, wire.stream_format(), &log.events(), Estimated::Abandoned);
                     // Local to this instance: recorded for no one elsewhere.
                     return Err(GatewayError::StreamAbandoned);
                 }
             };
             // The stream was paid for whether or not it completed.
-            // Its usage, from every event (Anthropic reports input and output apart).
+            if summary.completed() {
+                // Its usage, from every event (Anthropic reports input and output apart).
+                let usage = wire
+                    .stream_format()
+                    .stream_usage(&summary.events)
+                    .or(summary.usage);
+                dedup.billed_or_estimated(
+                    &bill,
+                    usage,
+                    || Usage::estimate(outbound.body.len(), events_text_bytes(&summary.events)),
+                    Estimated::Unreported,
+                );
+            } else {
+                bill_unfinished(
+                    &dedup,
+                    &bill,
+                    &outbound,
+                    wire.stream_format(),
+                    &summary.events,
+                    Estimated::Broken,
+                );
+            }
             let usage = wire
                 .stream_format()
                 .stream_usage(&summary.events)
                 .or(summary.usage);
-            dedup.billed(&bill, usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -167,6 +188,42 @@ pub(super) fn stream_loader(
                 .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
         })
     })
+}
+
+/// Bills a streamed call that did not complete (`reason`): the usage its
+/// `events` reported, with at least the output they relayed, else an estimate
+/// from the request's size and that output.
+fn bill_unfinished(
+    dedup: &Dedup,
+    bill: &Attribution,
+    outbound: &Outbound,
+    format: Format,
+    events: &[Bytes],
+    reason: Estimated,
+) {
+    let text = events_text_bytes(events);
+    let relayed = Usage::estimate(0, text).completion_tokens;
+    let reported = format
+        .stream_usage(events)
+        .map(|usage| usage.with_output_at_least(relayed));
+    dedup.billed_or_estimated(
+        bill,
+        reported,
+        || Usage::estimate(outbound.body.len(), text),
+        reason,
+    );
+}
+
+/// The bytes of generated text a stream's events relayed.
+fn events_text_bytes(events: &[Bytes]) -> usize {
+    events
+        .iter()
+        .filter_map(|event| match sse::event_json(event) {
+            Some(json) => serde_json::from_slice(json).ok(),
+            None => sse::named_event_value(event),
+        })
+        .map(|value| text_bytes(&value))
+        .sum()
 }
 
 /// How often an abandoned stream's owner asks whether callers on other
@@ -234,7 +291,13 @@ pub(super) async fn call_upstream(
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
     let response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
-    dedup.billed(bill, response.usage);
+    // An answer without usage is billed what its size says.
+    dedup.billed_or_estimated(
+        bill,
+        response.usage,
+        || Usage::estimate(outbound.body.len(), answer_text_bytes(&response.body)),
+        Estimated::Unreported,
+    );
     Ok(Loaded {
         response,
         cacheable,

@@ -21,7 +21,7 @@ use crate::{
     retry_window::RetryWindow,
     sse::{LogLimits, Silence},
     upstream::{Routes, Upstream},
-    usage::Usage,
+    usage::{Estimated, Usage},
     validate::InputLimits,
 };
 
@@ -139,6 +139,24 @@ impl Dedup {
             self.budgets
                 .spend(&bill.tenant, &bill.upstream, picos, usage.total());
         }
+    }
+
+    /// What one upstream call billed where its usage may be unknown: the
+    /// reported `usage`, else `estimate` (what is known of the call:
+    /// [`Usage::estimate`]), counted as estimated for `reason` on `/metrics`.
+    /// Either way the call spends against the budgets, so no path is free.
+    pub(super) fn billed_or_estimated(
+        &self,
+        bill: &Attribution,
+        usage: Option<Usage>,
+        estimate: impl FnOnce() -> Usage,
+        reason: Estimated,
+    ) {
+        let usage = usage.unwrap_or_else(|| {
+            self.metrics.usage_estimated(&bill.model, reason);
+            estimate()
+        });
+        self.billed(bill, Some(usage));
     }
 
     /// How long a stream may be silent, before its first event and after.

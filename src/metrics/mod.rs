@@ -18,8 +18,11 @@
 //!   COALESCED): `served` adds that response's `usage` to the `saved` side;
 //! - every request to a deduplicated endpoint: `request` (cache status, latency).
 //!
-//! A response without `usage` is counted in `corral_usage_unknown_total`, and
-//! adds no tokens and no cost: nothing is invented. Tokens of a model without a
+//! A call whose usage stays unknown is billed an estimate from what is known
+//! (its request's size, the text it relayed), counted in
+//! `corral_usage_estimated_total` by reason; an answer without `usage` that
+//! nothing estimates (a saving) is counted in `corral_usage_unknown_total` and
+//! adds no tokens and no cost. Tokens of a model without a
 //! price are counted, and also on `corral_unpriced_tokens_total`. Labels are
 //! bounded: the model label comes from [`ModelTable`], the upstream label from
 //! the config; tenants are never a Prometheus label (they are on `/stats`).
@@ -59,7 +62,7 @@ use crate::{
     ledger::{Account, AnswerAmounts, AnswerKey, Books, LedgerCounter, Side},
     pricing::{PicoUsd, Snapshot},
     sse::LogBytes,
-    usage::Usage,
+    usage::{Estimated, Usage},
 };
 
 /// The Prometheus text format (0.0.4) content type `/metrics` answers with.
@@ -129,6 +132,13 @@ struct GenAiLabels {
     gen_ai_operation_name: &'static str,
     gen_ai_request_model: Arc<str>,
     gen_ai_token_type: &'static str,
+}
+
+/// `corral_usage_estimated_total`: bounded labels only (never a tenant).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EstimatedLabels {
+    model: Arc<str>,
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -230,6 +240,7 @@ struct Inner {
     redis_errors: Counter,
     budget_usd: Family<BudgetLabels, UsdGauge>,
     budget_spent_usd: Family<BudgetLabels, UsdGauge>,
+    usage_estimated: Family<EstimatedLabels, Counter>,
     history: Mutex<History>,
 }
 
@@ -331,6 +342,12 @@ impl Metrics {
             "What the provider billed against each budget in its current window, in USD (the fleet's, with Redis); a `*` rule's: the most one tenant spent",
             budget_spent_usd.clone(),
         );
+        let usage_estimated = Family::<EstimatedLabels, Counter>::default();
+        registry.register(
+            "corral_usage_estimated",
+            "Upstream calls billed an estimate because their usage stayed unknown (a broken or abandoned stream, an answer without usage): request bytes / 4 as input, relayed text bytes / 4 as output",
+            usage_estimated.clone(),
+        );
         let redis_errors = Counter::default();
         registry.register(
             "corral_redis_errors",
@@ -385,6 +402,7 @@ impl Metrics {
                 redis_errors,
                 budget_usd,
                 budget_spent_usd,
+                usage_estimated,
                 history: Mutex::new(History::new(started_at_ms)),
             }),
         }
@@ -501,6 +519,18 @@ impl Metrics {
             }
         }
         self.add_usage(who, Side::Upstream, None, usage);
+    }
+
+    /// An upstream call of `model` billed an estimate, for `reason` (its
+    /// tokens and cost go through [`upstream_usage`](Self::upstream_usage)).
+    pub fn usage_estimated(&self, model: &ModelLabel, reason: Estimated) {
+        self.inner
+            .usage_estimated
+            .get_or_create(&EstimatedLabels {
+                model: model.shared_name(),
+                reason: reason.label(),
+            })
+            .inc();
     }
 
     /// A response served to a caller. HIT, STALE, COALESCED and a retry
@@ -798,6 +828,8 @@ mod tests {
         cached_tokens: 0,
         cache_write_tokens: 0,
         reasoning_tokens: 0,
+        audio_input_tokens: 0,
+        audio_output_tokens: 0,
     };
 
     #[test]

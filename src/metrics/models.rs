@@ -18,7 +18,7 @@ use glob::{MatchOptions, Pattern};
 
 use crate::{
     config::{ModelPrice, OTHER_MODEL, PricingConfig, UpstreamConfig},
-    pricing::{PicoUsd, Rates, Snapshot},
+    pricing::{PicoUsd, Rates, Snapshot, SnapshotModel, Tariff},
     usage::Usage,
 };
 
@@ -28,16 +28,29 @@ pub struct ModelLabel {
     name: Arc<str>,
     price: Option<ModelPrice>,
     rates: Option<Rates>,
+    /// Every rate: `rates`, and the snapshot's long-context tiers and audio prices.
+    tariff: Option<Arc<Tariff>>,
 }
 
 impl ModelLabel {
     fn new(name: &str, price: Option<ModelPrice>) -> Self {
+        // A price `Config::validate` accepted always has rates.
+        let rates = price.as_ref().and_then(Rates::of);
         Self {
             name: name.into(),
-            // A price `Config::validate` accepted always has rates.
-            rates: price.as_ref().and_then(Rates::of),
+            rates,
+            tariff: rates.map(|rates| Arc::new(Tariff::flat(rates))),
             price,
         }
+    }
+
+    /// A snapshot model's label: its tiers and audio prices too.
+    fn of_snapshot(model: &SnapshotModel) -> Self {
+        let mut label = Self::new(&model.id, Some(model.price()));
+        if let Some(tariff) = model.tariff() {
+            label.tariff = Some(Arc::new(tariff));
+        }
+        label
     }
 
     pub fn as_str(&self) -> &str {
@@ -62,9 +75,10 @@ impl ModelLabel {
         self.rates
     }
 
-    /// What `usage` costs at this label's price, exactly; `None` when the model has no price.
+    /// What `usage` costs at this label's price, exactly (its long-context
+    /// tier and audio rates included); `None` when the model has no price.
     pub fn cost(&self, usage: &Usage) -> Option<PicoUsd> {
-        Some(self.rates?.cost(usage))
+        Some(self.tariff.as_ref()?.cost(usage))
     }
 }
 
@@ -143,7 +157,7 @@ impl ModelTable {
             if configured.exact.contains_key(&id) || !ids.insert(id) {
                 continue;
             }
-            let label = ModelLabel::new(&model.id, Some(model.price()));
+            let label = ModelLabel::of_snapshot(model);
             for name in &model.names {
                 snapshotted.add(name, &label);
             }
@@ -175,8 +189,11 @@ impl ModelTable {
             {
                 continue;
             }
-            let price = table.find(name, &lower).and_then(ModelLabel::price);
-            let label = ModelLabel::new(name, price);
+            let covering = table.find(name, &lower);
+            let mut label = ModelLabel::new(name, covering.and_then(ModelLabel::price));
+            if let Some(covering) = covering {
+                label.tariff = covering.tariff.clone();
+            }
             table.routes.insert(lower, label.clone());
             table.all.push(label);
         }

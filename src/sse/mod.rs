@@ -10,6 +10,9 @@
 //!   into an error event in the API's shape that ends every reader's stream.
 //! - `usage.rs`: a caller that did not ask for usage sees the stream it would have received
 //!   without it ([`CallerUsage`], [`without_usage`]) although the upstream call asked for it.
+//! - `tap.rs`: [`StreamTap`] reads a stream relayed unlogged (`no-store`) as it passes, for
+//!   its usage, by the same [`StreamFormat`], and rewrites it only for a caller who did not ask
+//!   for the usage chunk.
 //! - `format.rs`: [`StreamFormat`], what all of the above ask of one API's events (which event
 //!   completes a stream, which fails it, the done and error events), so that none of them
 //!   parses a provider's JSON. Every API's format, and the conversions between its stream and
@@ -27,6 +30,7 @@ mod framing;
 mod log;
 mod packed;
 mod relay;
+mod tap;
 mod usage;
 
 use bytes::Bytes;
@@ -38,6 +42,7 @@ pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader,
 pub use relay::{
     BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,
 };
+pub use tap::{StreamTap, TapEnd};
 pub use usage::{CallerUsage, UpstreamStreamRequest, UsageFree, force_stream, without_usage};
 
 /// The event that ends every complete stream.

@@ -905,6 +905,8 @@ mod tests {
                 cached_tokens: 60,
                 cache_write_tokens: 0,
                 reasoning_tokens: 30,
+                audio_input_tokens: 0,
+                audio_output_tokens: 0,
             }
         );
     }

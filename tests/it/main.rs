@@ -32,6 +32,7 @@ mod long_calls;
 mod memo;
 mod metrics;
 mod module_graph;
+mod no_store_billing;
 mod operate;
 mod own_controls;
 mod owners_bytes;

@@ -296,7 +296,7 @@ async fn the_exposition_parses_and_carries_every_contracted_family() {
         "corral_upstream_duration_seconds",
         "corral_redis_errors_total",
         "corral_cache_entries",
-        "corral_usage_unknown_total",
+        "corral_usage_estimated_total",
     ] {
         assert!(
             m.docs.contains_key(family) || m.samples.iter().any(|s| s.metric == family),
@@ -327,8 +327,13 @@ async fn the_exposition_parses_and_carries_every_contracted_family() {
         1.0
     );
     assert_eq!(sum(&m, "corral_requests_total", &[("cache", "ERROR")]), 1.0);
+    // The answer without usage was billed an estimate, and says so.
     assert_eq!(
-        sum(&m, "corral_usage_unknown_total", &[("source", "upstream")]),
+        sum(
+            &m,
+            "corral_usage_estimated_total",
+            &[("reason", "unreported")]
+        ),
         1.0
     );
     assert_eq!(
@@ -459,7 +464,8 @@ async fn model_labels_stay_bounded_and_carry_no_tenant_prompt_or_fingerprint() {
                     "le",
                     "gen_ai_operation_name",
                     "gen_ai_request_model",
-                    "gen_ai_token_type"
+                    "gen_ai_token_type",
+                    "reason"
                 ]
                 .contains(&name.as_str()),
                 "unexpected label {name}"
@@ -480,7 +486,7 @@ async fn model_labels_stay_bounded_and_carry_no_tenant_prompt_or_fingerprint() {
 }
 
 #[tokio::test]
-async fn responses_without_usage_are_counted_as_unknown_never_invented() {
+async fn an_upstream_answer_without_usage_is_billed_an_estimate_and_a_saving_stays_unknown() {
     let gateway = TestGateway::start(priced).await;
     gateway.provider.push_script(Scripted::json(200, NO_USAGE));
     let body = chat("a provider that omits usage");
@@ -489,13 +495,23 @@ async fn responses_without_usage_are_counted_as_unknown_never_invented() {
 
     let m = scrape(&gateway).await;
     let model = ("model", "gpt-4o-mini");
+    // The call was paid for: billed an estimate (request bytes / 4), which
+    // `/metrics` says; what a hit saved of it is not invented.
+    assert_eq!(
+        sum(
+            &m,
+            "corral_usage_estimated_total",
+            &[model, ("reason", "unreported")]
+        ),
+        1.0
+    );
     assert_eq!(
         sum(
             &m,
             "corral_usage_unknown_total",
             &[model, ("source", "upstream")]
         ),
-        1.0
+        0.0
     );
     assert_eq!(
         sum(
@@ -506,11 +522,11 @@ async fn responses_without_usage_are_counted_as_unknown_never_invented() {
         1.0
     );
     assert_eq!(sum(&m, "corral_saved_responses_total", &[model]), 1.0);
-    assert_eq!(sum(&m, "corral_tokens_total", &[]), 0.0);
-    assert_eq!(sum(&m, "corral_cost_usd_total", &[]), 0.0);
+    assert!(sum(&m, "corral_tokens_total", &[("source", "upstream")]) > 0.0);
+    assert_eq!(sum(&m, "corral_tokens_total", &[("source", "saved")]), 0.0);
     let s = stats(&gateway).await;
-    assert_eq!(s["usage_unknown"], json!({"upstream": 1, "saved": 1}));
-    assert_eq!(s["cost_usd"], json!({"upstream": 0.0, "saved": 0.0}));
+    assert_eq!(s["usage_unknown"], json!({"upstream": 0, "saved": 1}));
+    assert_eq!(s["cost_usd"]["saved"], 0.0);
 }
 
 #[tokio::test]

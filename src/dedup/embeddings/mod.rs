@@ -34,7 +34,7 @@ use crate::{
     metrics::{Attribution, Metrics},
     request::DedupRequest,
     upstream::Outbound,
-    usage::Usage,
+    usage::{Estimated, Usage},
 };
 use gemini::GeminiItems;
 use wire::{ItemizedRequest, SplitAnswer};
@@ -226,8 +226,15 @@ fn batch_loader(
                 Ok(split) => split.usage,
                 Err(_) => Usage::from_body(&buffered.body),
             };
-            // Paid for, whether or not the answer is usable.
-            dedup.billed(&bill, usage);
+            // Paid for, whether or not the answer is usable; an answer without
+            // usage (Gemini's embeddings never carry one) is billed its request's size.
+            let request_bytes = call.body.len();
+            dedup.billed_or_estimated(
+                &bill,
+                usage,
+                || Usage::estimate(request_bytes, 0),
+                Estimated::Unreported,
+            );
             let split = answer.map_err(|reason| GatewayError::UpstreamInvalid {
                 upstream: dedup.upstream.name(call.upstream).to_owned(),
                 reason,
