@@ -121,7 +121,12 @@ async fn tenant_stats(gateway: &TestGateway, name: &str) -> Option<Value> {
 }
 
 fn assert_budget_refusal(reply: &Reply) {
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{:?}", reply.body);
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{:?}",
+        reply.body
+    );
     assert_eq!(reply.json()["error"]["code"], "budget_exceeded");
 }
 
@@ -141,12 +146,19 @@ async fn a_percent_encoded_deduplicated_path_is_that_endpoint() {
     );
     for path in ["/v1/%63hat/completions", PATH, "/v1/chat/%63%6Fmpletions"] {
         let again = post_as(&gateway, "sk-a", path, &body).await;
-        assert_eq!((again.status, again.cache()), (StatusCode::OK, "HIT"), "{path}");
+        assert_eq!(
+            (again.status, again.cache()),
+            (StatusCode::OK, "HIT"),
+            "{path}"
+        );
         assert_eq!(again.body, first.body, "{path}");
     }
     assert_eq!(gateway.provider.calls(), 1);
     let embedded = post_as(&gateway, "sk-a", "/v1/%65mbeddings", &embedding("encoded")).await;
-    assert_eq!((embedded.status, embedded.cache()), (StatusCode::OK, "MISS"));
+    assert_eq!(
+        (embedded.status, embedded.cache()),
+        (StatusCode::OK, "MISS")
+    );
 
     // The encoded spelling spends the budget and is refused past it.
     let mut refused = None;
@@ -167,7 +179,13 @@ async fn a_percent_encoded_deduplicated_path_is_that_endpoint() {
     let refused = refused.expect("the encoded path was refused once the budget was spent");
     assert_budget_refusal(&refused);
     let calls = gateway.provider.calls();
-    let proxied = post_as(&gateway, "sk-a", "/v1/chat/%63ompletions", &chat("one more")).await;
+    let proxied = post_as(
+        &gateway,
+        "sk-a",
+        "/v1/chat/%63ompletions",
+        &chat("one more"),
+    )
+    .await;
     assert_budget_refusal(&proxied);
     assert_eq!(gateway.provider.calls(), calls, "the refusal went nowhere");
 }
@@ -203,7 +221,10 @@ async fn paid_pass_through_calls_are_budgeted_booked_and_spend_what_they_report(
     }
     let booked = tenant_stats(&gateway, &a).await.expect("a is in the books");
     assert_eq!(booked["answers"]["upstream"], 1, "{booked}");
-    assert!(booked["cost_usd"]["upstream"].as_f64().unwrap() >= 10.0, "{booked}");
+    assert!(
+        booked["cost_usd"]["upstream"].as_f64().unwrap() >= 10.0,
+        "{booked}"
+    );
     let calls = gateway.provider.calls();
 
     // Over its budget, A is refused every paid call, in OpenAI's shape, sent nowhere.
@@ -313,7 +334,8 @@ async fn a_background_refresh_is_the_gateways_own_call() {
 /// stale entry is still served), whatever the hitter's own budget says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_account_cap_refuses_the_gateways_refresh_and_a_spent_tenant_does_not() {
-    for (tenant_usd, account_usd, refreshed) in [(100.0, 0.000_001, false), (0.000_001, 100.0, true)]
+    for (tenant_usd, account_usd, refreshed) in
+        [(100.0, 0.000_001, false), (0.000_001, 100.0, true)]
     {
         let gateway = TestGateway::start(|config| {
             dear_prices(config);
