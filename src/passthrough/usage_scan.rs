@@ -46,12 +46,13 @@ impl UsageScan {
     fn step(&mut self, byte: u8) {
         if self.in_string {
             self.keep(byte);
+            // The name's bytes, but not its closing quote; one past `usage`
+            // is enough to tell it is not `usage`.
             if let Some(key) = &mut self.key
-                && !(byte == b'"' && !self.escaped)
+                && (byte != b'"' || self.escaped)
+                && key.len() <= USAGE_KEY.len()
             {
-                if key.len() < USAGE_KEY.len() + 1 {
-                    key.push(byte);
-                }
+                key.push(byte);
             }
             if self.escaped {
                 self.escaped = false;
