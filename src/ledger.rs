@@ -41,6 +41,11 @@ use crate::{pricing::PICOS_PER_NANO, usage::TokenKind};
 /// The name every tenant or upstream beyond the tracked ones is counted under.
 pub const OTHER: &str = "other";
 
+/// The tenant the gateway's own calls are booked to: a background refresh
+/// (STALE's, or XFetch's early one) that no caller's request made. No key
+/// label may take the name, and no tenant scope is spelled so.
+pub const GATEWAY: &str = "gateway";
+
 /// Which side of the savings an amount is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Side {

@@ -21,7 +21,7 @@ use crate::{
     ledger::{self, LedgerStore},
     limits::Limits,
     metrics::Metrics,
-    passthrough::{Passthrough, Policy},
+    passthrough::{self, Passthrough, Policy},
     purge::{PurgeStore, Purges},
     retry_window::RetryWindow,
     traces::Traces,
@@ -93,6 +93,10 @@ impl AppState {
             &self.config.upstreams,
             self.config.coalesce.stream_stall_timeout,
             &self.cut_upstream,
+            passthrough::Billing {
+                budgets: &self.budgets,
+                metrics: &self.metrics,
+            },
         )
     }
 

@@ -111,7 +111,12 @@ where
         let method = request.method().clone();
         // The URI is shared bytes: keeping it for the access line copies nothing.
         let uri = request.uri().clone();
-        let path = uri.path();
+        let raw_path = uri.path();
+        // Every decision is on the path as the provider reads it, percent-
+        // decoded: `/v1/chat/%63ompletions` is the deduplicated endpoint (served,
+        // cached and budgeted as such), never a pass-through to it.
+        let decoded = passthrough::decoded_path(raw_path);
+        let path = &*decoded;
         // Gemini's deduplicated methods name their model in the path.
         let gemini_call = (method == Method::POST)
             .then(|| GeminiCall::of_path(path))
@@ -151,7 +156,7 @@ where
                 "request",
                 request_id = %id.to_str().unwrap_or_default(),
                 method = %method,
-                path = %telemetry::clipped(path),
+                path = %telemetry::clipped(raw_path),
             )
         };
         // With traces on, an API request's server span (continuing the
@@ -160,7 +165,7 @@ where
         let traced = app.traces().filter(|_| admitted).map(|traces| {
             traces.request_context(
                 request.method(),
-                path,
+                raw_path,
                 request.headers(),
                 endpoint.map(traces::operation_name),
                 id.to_str().unwrap_or_default(),
@@ -190,7 +195,10 @@ where
                                     .await;
                                 (response, decided)
                             }
-                            None => (proxy::serve(&app, parts, body).await, Decided::default()),
+                            None => (
+                                proxy::serve(&app, parts, body, &tenant).await,
+                                Decided::default(),
+                            ),
                         };
                         // The places last as long as the body: a stream is
                         // being served long after its head left.

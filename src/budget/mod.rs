@@ -330,6 +330,17 @@ impl Budgets {
     /// waits for the fleet's spend to be read (bounded by Redis' own
     /// deadline; without Redis it fails open).
     pub async fn admit(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Result<(), GatewayError> {
+        self.admit_for(Some(tenant), upstream).await
+    }
+
+    /// As [`admit`](Self::admit), for a call billed to `tenant` or, when
+    /// `None`, to the gateway itself (a background refresh): then only the
+    /// upstream's caps (the provider account's) are checked, no tenant's.
+    pub async fn admit_for(
+        &self,
+        tenant: Option<&Arc<str>>,
+        upstream: &Arc<str>,
+    ) -> Result<(), GatewayError> {
         if !self.is_active() {
             return Ok(());
         }
@@ -339,7 +350,7 @@ impl Budgets {
         self.check(tenant, upstream)
     }
 
-    fn check(&self, tenant: &Arc<str>, upstream: &Arc<str>) -> Result<(), GatewayError> {
+    fn check(&self, tenant: Option<&Arc<str>>, upstream: &Arc<str>) -> Result<(), GatewayError> {
         let now = self.clock.now_ms();
         let state = self.lock();
         let spent = |period: Period, subject: Subject, measure: Measure| {
@@ -348,10 +359,13 @@ impl Budgets {
             (used, counter.window)
         };
         // The names are the attribution's own `Arc`s: a counter key costs a count, not a copy.
-        let (tenant_name, upstream_name) = (tenant.clone(), upstream.clone());
-        let rules = self
-            .tenant_rules(tenant)
-            .map(|rule| (rule, Subject::Tenant(tenant_name.clone())))
+        let upstream_name = upstream.clone();
+        let rules = tenant
+            .into_iter()
+            .flat_map(|tenant| {
+                self.tenant_rules(tenant)
+                    .map(|rule| (rule, Subject::Tenant(tenant.clone())))
+            })
             .chain(
                 self.upstream_rules(upstream)
                     .map(|rule| (rule, Subject::Upstream(upstream_name.clone()))),
@@ -372,8 +386,10 @@ impl Budgets {
                 });
             }
         }
-        if let Some(limit) = self.tokens_per_minute {
-            let (used, window) = spent(MINUTE, Subject::Tenant(tenant_name), Measure::Tokens);
+        if let Some(limit) = self.tokens_per_minute
+            && let Some(tenant) = tenant
+        {
+            let (used, window) = spent(MINUTE, Subject::Tenant(tenant.clone()), Measure::Tokens);
             if used >= limit {
                 return Err(GatewayError::BudgetExceeded {
                     retry_after: retry_after_secs(window.left(now)),
@@ -388,6 +404,19 @@ impl Budgets {
     /// Counts what one upstream call billed: `picos` at the price table's
     /// prices (unknown: nothing) and its `tokens`.
     pub fn spend(&self, tenant: &Arc<str>, upstream: &Arc<str>, picos: Option<u128>, tokens: u64) {
+        self.spend_for(Some(tenant), upstream, picos, tokens);
+    }
+
+    /// As [`spend`](Self::spend), for a call billed to `tenant` or, when
+    /// `None`, to the gateway itself: then only the upstream's counters
+    /// count it (its account caps), no tenant's budget or token rate.
+    pub fn spend_for(
+        &self,
+        tenant: Option<&Arc<str>>,
+        upstream: &Arc<str>,
+        picos: Option<u128>,
+        tokens: u64,
+    ) {
         if !self.is_active() {
             return;
         }
@@ -397,7 +426,11 @@ impl Budgets {
         let now = self.clock.now_ms();
         let mut additions = Vec::new();
         if nanos > 0 {
-            for period in &self.tenant_periods {
+            for (period, tenant) in self
+                .tenant_periods
+                .iter()
+                .flat_map(|period| tenant.map(|tenant| (period, tenant)))
+            {
                 additions.push((
                     *period,
                     Subject::Tenant(tenant.clone()),
@@ -414,7 +447,10 @@ impl Budgets {
                 ));
             }
         }
-        if self.tokens_per_minute.is_some() && tokens > 0 {
+        if let Some(tenant) = tenant
+            && self.tokens_per_minute.is_some()
+            && tokens > 0
+        {
             additions.push((
                 MINUTE,
                 Subject::Tenant(tenant.clone()),

@@ -190,7 +190,7 @@ fn a_cost_is_rounded_up_to_whole_nanodollars_and_huge_ones_saturate() {
     assert_eq!(budgets.remaining_usd(&a), Some(0.000_000_001));
     budgets.spend(&a, &up, Some(u128::MAX), 0);
     assert_eq!(budgets.remaining_usd(&a), Some(0.0));
-    assert!(budgets.check(&a, &up).is_err());
+    assert!(budgets.check(Some(&a), &up).is_err());
 }
 
 #[test]
@@ -249,4 +249,29 @@ fn a_tenant_is_told_only_its_own_budgets_and_metrics_see_rules_not_tenants() {
     assert_eq!(rules[0].spent_usd, 0.004);
     assert_eq!(rules[0].remaining_usd, 0.006);
     assert_eq!(rules[2].spent_usd, 0.006);
+}
+
+#[tokio::test]
+async fn the_gateways_own_call_spends_only_the_account_caps() {
+    let rules = vec![
+        rule(Some("*"), None, 0.001, "hour"),
+        rule(None, Some("x"), 0.005, "hour"),
+    ];
+    let (budgets, _) = budgets(rules, None);
+    let (a, up) = (name("a"), name("x"));
+    budgets.spend_for(None, &up, Some(FOUR_MILLIDOLLARS), 1_000);
+    assert!(
+        budgets
+            .uses()
+            .iter()
+            .all(|used| used.subject == "upstream x"),
+        "no tenant counted it: {:?}",
+        budgets.uses()
+    );
+    assert_eq!(budgets.remaining_usd(&a), Some(0.001), "a's is whole");
+    budgets.admit(&a, &up).await.unwrap();
+    budgets.admit_for(None, &up).await.unwrap();
+    budgets.spend_for(None, &up, Some(FOUR_MILLIDOLLARS), 1_000);
+    refusal(budgets.admit_for(None, &up).await);
+    refusal(budgets.admit(&a, &up).await);
 }

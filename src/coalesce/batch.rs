@@ -63,7 +63,17 @@ pub struct ItemsLoaded {
 /// Makes one upstream call for the items at the given positions of the
 /// caller's key list. A partial answer is the loader's error, never a short list.
 pub type BatchLoader =
-    Arc<dyn Fn(Vec<usize>) -> BoxFuture<'static, Result<ItemsLoaded, GatewayError>> + Send + Sync>;
+    Arc<dyn Fn(BatchCall) -> BoxFuture<'static, Result<ItemsLoaded, GatewayError>> + Send + Sync>;
+
+/// What a batch flight asks its loader for.
+#[derive(Debug, Clone)]
+pub struct BatchCall {
+    /// The items' positions in the caller's key list.
+    pub items: Vec<usize>,
+    /// The call refreshes stale items in the background: the gateway's own
+    /// (see `FlightCall::background`).
+    pub background: bool,
+}
 
 /// How one item reached its caller.
 #[derive(Debug, Clone)]
@@ -273,6 +283,13 @@ impl Coalescer {
         if guards.is_empty() {
             return;
         }
+        // Nobody's request: the gateway's own call.
+        let loader: BatchLoader = Arc::new(move |call: BatchCall| {
+            loader(BatchCall {
+                background: true,
+                ..call
+            })
+        });
         // Stale entries are not fresh, so the double-check lets the refresh through.
         let policy = CachePolicy {
             read: true,
@@ -494,7 +511,12 @@ async fn load_items(
             billed: Billed::default(),
         });
     }
-    let loaded = loader(items.clone()).await.map_err(Arc::new)?;
+    let loaded = loader(BatchCall {
+        items: items.clone(),
+        background: false,
+    })
+    .await
+    .map_err(Arc::new)?;
     if loaded.items.len() != items.len() {
         return Err(Arc::new(GatewayError::Internal(anyhow::anyhow!(
             "the batch loader answered {} items for {}",

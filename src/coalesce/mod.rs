@@ -14,7 +14,7 @@ use rand::Rng;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-pub use batch::{BatchLoader, Billed, ItemServed, ItemsLoaded, ItemsServed};
+pub use batch::{BatchCall, BatchLoader, Billed, ItemServed, ItemsLoaded, ItemsServed};
 pub use failures::FailureMemory;
 use failures::Recall;
 pub use flight::{
@@ -98,6 +98,21 @@ impl Loader {
     ) -> Pin<Box<dyn Future<Output = Result<Loaded, GatewayError>> + Send>> {
         (self.call)(call)
     }
+
+    /// The same loader, its calls marked as a background refresh
+    /// ([`FlightCall::background`]), whichever flight or instance runs them.
+    fn in_background(self) -> Self {
+        let call = self.call;
+        Self {
+            sends: self.sends,
+            call: Arc::new(move |flight: FlightCall| {
+                call(FlightCall {
+                    background: true,
+                    ..flight
+                })
+            }),
+        }
+    }
 }
 
 /// What a flight hands its loader for one upstream call.
@@ -108,6 +123,10 @@ pub struct FlightCall {
     /// The most attempts the call may make: one for a key whose last call
     /// failed (`FailureMemory`); `None`: `retry.max_attempts`.
     pub max_attempts: Option<usize>,
+    /// The call refreshes a cached entry in the background (STALE, or
+    /// XFetch's early refresh): the caller whose hit started it was answered
+    /// from the cache and asked for no call, so it is the gateway's own.
+    pub background: bool,
 }
 
 /// A flight's result as its waiters see it.
@@ -449,6 +468,8 @@ impl Coalescer {
     /// another instance refreshed meanwhile), never the one being replaced.
     pub fn refresh_in_background(&self, key: CacheKey, loader: Loader, age: Duration) {
         if let Some(guard) = self.flights.start_unattended(key.fingerprint) {
+            // Nobody's request: the gateway's own call.
+            let loader = loader.in_background();
             let policy = CachePolicy {
                 read: true,
                 write: true,
@@ -559,6 +580,7 @@ async fn load_and_store(
     let call = FlightCall {
         publisher: publisher.clone(),
         max_attempts,
+        background: false,
     };
     let loaded = loader.call(call).await.map_err(Arc::new);
     context

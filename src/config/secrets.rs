@@ -58,10 +58,14 @@ impl Config {
                     "must be the SHA-256 of a key, 64 hex digits (printf %s KEY | sha256sum)",
                 )
             })?;
-            if label.is_empty() || label.len() > 64 || label == crate::ledger::OTHER {
+            if label.is_empty()
+                || label.len() > 64
+                || label == crate::ledger::OTHER
+                || label == crate::ledger::GATEWAY
+            {
                 return Err(ConfigError::key(
                     format!("auth.key_labels.{label}"),
-                    "a label must be 1 to 64 characters and not `other`",
+                    "a label must be 1 to 64 characters and not `other` or `gateway`",
                 ));
             }
             auth.labels_by_hash.push((bytes, label.clone()));

@@ -309,6 +309,7 @@ fn key_labels_name_tenants_and_are_checked() {
     for (labels, expected) in [
         ("team-a: nothex", "auth.key_labels.team-a"),
         (&format!("other: '{hash}'") as &str, "auth.key_labels.other"),
+        (&format!("gateway: '{hash}'"), "auth.key_labels.gateway"),
     ] {
         let yaml = format!("{BASE}auth:\n  key_labels:\n    {labels}\n");
         let err = Config::load(&yaml, []).unwrap_err().to_string();

@@ -36,7 +36,7 @@ pub(super) fn parsing_loader(
     Loader::new(sends, move |call: FlightCall| {
         let dedup = dedup.clone();
         let raw = raw.clone();
-        let bill = bill.clone();
+        let bill = billed_to(&bill, call.background);
         let key = key.clone();
         Box::pin(async move {
             let mut request = raw.parse(&dedup)?;
@@ -64,14 +64,16 @@ pub(super) fn stream_loader(
 ) -> Loader {
     let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
+    let bill = Arc::new(bill);
     Loader::new(sends, move |call: FlightCall| {
         let FlightCall {
             publisher,
             max_attempts,
+            background,
         } = call;
         let dedup = dedup.clone();
         let outbound = outbound.clone();
-        let bill = bill.clone();
+        let bill = billed_to(&bill, background);
         let retained_under = retained_under.clone();
         let load = async move {
             let started = std::time::Instant::now();
@@ -260,7 +262,7 @@ pub(super) fn upstream_loader(
     Loader::new(sends, move |call: FlightCall| {
         let dedup = dedup.clone();
         let outbound = outbound.clone();
-        let bill = bill.clone();
+        let bill = billed_to(&bill, call.background);
         let retained_under = retained_under.clone();
         Box::pin(async move {
             retry::at_most(
@@ -270,6 +272,17 @@ pub(super) fn upstream_loader(
             .await
         })
     })
+}
+
+/// Whom a flight's call is billed to: the caller who started the flight, or
+/// the gateway itself for a background refresh (`FlightCall::background`),
+/// which spends no tenant's budget and still counts to the account caps.
+pub(super) fn billed_to(bill: &Arc<Attribution>, background: bool) -> Arc<Attribution> {
+    if background {
+        Arc::new(bill.gateways_own())
+    } else {
+        bill.clone()
+    }
 }
 
 /// One buffered upstream call, counted once whoever waits on it.

@@ -124,20 +124,20 @@ impl Dedup {
     /// Whether a new upstream call may start for `bill`'s tenant and upstream:
     /// 429 when a budget or the token rate is used up. Asked only where a call
     /// would start, never of an answer the cache or a flight already has.
+    /// The gateway's own call (`Attribution::gateways_own`) is checked
+    /// against the upstream's caps only.
     pub(super) async fn may_call_upstream(&self, bill: &Attribution) -> Result<(), GatewayError> {
-        self.budgets.admit(&bill.tenant, &bill.upstream).await
+        self.budgets
+            .admit_for(bill.budget_tenant(), &bill.upstream)
+            .await
     }
 
     /// What one upstream call billed (`usage`; `None`: unknown), counted in
     /// the metrics and against the budgets, once per call.
     pub(super) fn billed(&self, bill: &Attribution, usage: Option<Usage>) {
         self.metrics.upstream_usage(bill, usage);
-        if let Some(usage) = &usage
-            && self.budgets.is_active()
-        {
-            let picos = bill.model.cost(usage).map(|cost| cost.0);
-            self.budgets
-                .spend(&bill.tenant, &bill.upstream, picos, usage.total());
+        if let Some(usage) = &usage {
+            bill.spend(&self.budgets, usage);
         }
     }
 

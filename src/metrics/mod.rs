@@ -55,7 +55,7 @@ pub use stats::{
 };
 
 use crate::{
-    budget::BudgetUse,
+    budget::{BudgetUse, Budgets},
     cache::CacheUsage,
     cache_status::CacheStatus,
     config::Config,
@@ -183,6 +183,34 @@ pub struct Attribution {
     pub upstream: Arc<str>,
     /// `Endpoint::label`: `chat`, `completions` or `embeddings`.
     pub endpoint: &'static str,
+}
+
+impl Attribution {
+    /// The same call billed to the gateway itself ([`GATEWAY`](crate::ledger::GATEWAY)):
+    /// a background refresh, which the caller whose hit started it did not
+    /// ask for (it was answered from the cache) and must not pay for.
+    pub fn gateways_own(&self) -> Self {
+        Self {
+            tenant: crate::ledger::GATEWAY.into(),
+            ..self.clone()
+        }
+    }
+
+    /// The tenant whose budgets the call spends and is checked against:
+    /// none for the gateway's own calls, which only the upstream's account
+    /// caps count. (No key label may be `gateway`, and no scope is spelled so.)
+    pub fn budget_tenant(&self) -> Option<&Arc<str>> {
+        (&*self.tenant != crate::ledger::GATEWAY).then_some(&self.tenant)
+    }
+
+    /// Spends one upstream call's `usage` (at the model's price) against the
+    /// budgets of its tenant, if any, and of its upstream.
+    pub fn spend(&self, budgets: &Budgets, usage: &Usage) {
+        if budgets.is_active() {
+            let picos = self.model.cost(usage).map(|cost| cost.0);
+            budgets.spend_for(self.budget_tenant(), &self.upstream, picos, usage.total());
+        }
+    }
 }
 
 /// What the scrape reads from the running gateway (the flights, the cache)

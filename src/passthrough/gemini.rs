@@ -14,13 +14,15 @@
 //! `batchEmbedContents`) never come here: the pipeline hands them to
 //! `dedup` (`wire::GeminiCall`); everything else Gemini is relayed as it came.
 
+use std::sync::Arc;
+
 use axum::{
     http::{HeaderMap, Method},
     response::Response,
 };
 use bytes::Bytes;
 
-use super::{Passthrough, ProxyPath, relay::forwarded_headers};
+use super::{Passthrough, ProxyPath, paid::Caller, relay::forwarded_headers};
 use crate::{
     auth::{self, GEMINI_KEY_HEADER},
     config::Api,
@@ -29,7 +31,8 @@ use crate::{
 };
 
 impl Passthrough<'_> {
-    /// Relays a request [`is_native`] recognized to a Gemini upstream.
+    /// Relays a request [`is_native`] recognized to a Gemini upstream, held
+    /// to `tenant`'s budgets when Google bills it (`paid.rs`).
     pub async fn serve_gemini(
         &self,
         method: Method,
@@ -37,6 +40,7 @@ impl Passthrough<'_> {
         headers: &HeaderMap,
         query: Option<&str>,
         body: Bytes,
+        tenant: &Arc<str>,
     ) -> Result<Response, GatewayError> {
         let refused = || GatewayError::NoGeminiUpstream {
             path: path.to_owned(),
@@ -50,8 +54,9 @@ impl Passthrough<'_> {
             .filter(|rest| rest.starts_with('/'))
             .ok_or_else(refused)?;
         let fenced = ProxyPath::parse(&format!("/v1{below}"))?;
+        let model = model_of(fenced.decoded().strip_prefix("/v1").unwrap_or_default());
         let upstream =
-            match model_of(fenced.below_base()) {
+            match model {
                 Some(model) => self.routes.route_for(Api::Gemini, model).ok_or_else(|| {
                     GatewayError::NoRoute {
                         model: model.to_owned(),
@@ -61,6 +66,10 @@ impl Passthrough<'_> {
             };
         self.policy
             .check(&method, fenced.decoded(), self.shares_a_key(upstream))?;
+        let caller = Caller { tenant, model };
+        let bill = self
+            .admit_paid(&method, fenced.decoded(), upstream, caller)
+            .await?;
         let (key, query) = auth::gemini_key(headers, query)?;
         let outbound = Outbound {
             upstream,
@@ -71,7 +80,7 @@ impl Passthrough<'_> {
             authorization: key,
             body,
         };
-        self.relay(&outbound).await
+        self.relay(&outbound, bill).await
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! The pass-through's two fences: every proxied path stays inside the
 //! provider's API ([`ProxyPath`]), and only the endpoints the policy allows
-//! are proxied at all ([`Policy`]).
+//! are proxied at all ([`Policy`]). Past them, a call the provider bills is
+//! held to the budgets and booked like a deduplicated miss (`paid.rs`).
 //!
 //! **Confinement.** A path reaches the provider joined to `base_url`, with the
 //! provider key when corral holds one. A dot-segment, or anything that a URL
@@ -28,15 +29,18 @@
 
 pub mod gemini;
 mod models;
+mod paid;
 mod path;
 mod policy;
 mod relay;
+mod usage_scan;
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use path::ProxyPath;
+pub use paid::{Billing, FREE, is_paid};
+pub use path::{ProxyPath, decoded_path};
 pub use policy::{Policy, STATELESS};
 
 use crate::{
@@ -57,6 +61,8 @@ pub struct Passthrough<'a> {
     stream_stall_timeout: Duration,
     /// Cancelled when the shutdown drain times out: running bodies end.
     cut_upstream: &'a CancellationToken,
+    /// The budgets and books a paid call is held to and booked in.
+    billing: Billing<'a>,
 }
 
 impl<'a> Passthrough<'a> {
@@ -67,6 +73,7 @@ impl<'a> Passthrough<'a> {
         upstreams: &'a [UpstreamConfig],
         stream_stall_timeout: Duration,
         cut_upstream: &'a CancellationToken,
+        billing: Billing<'a>,
     ) -> Self {
         Self {
             upstream,
@@ -75,6 +82,7 @@ impl<'a> Passthrough<'a> {
             upstreams,
             stream_stall_timeout,
             cut_upstream,
+            billing,
         }
     }
 }

@@ -1,6 +1,22 @@
 //! The first fence: every proxied path stays inside the provider's API.
 
+use std::borrow::Cow;
+
 use crate::error::GatewayError;
+
+/// `path` (a request's raw path) percent-decoded, as the provider reads it
+/// and as [`ProxyPath::decoded`] is: what names an endpoint, so that
+/// `/v1/chat/%63ompletions` is `/v1/chat/completions` to the pipeline too.
+/// Borrowed when it has no escape; as it came when an escape is not UTF-8
+/// (which the fence refuses).
+pub fn decoded_path(path: &str) -> Cow<'_, str> {
+    if !path.contains('%') {
+        return Cow::Borrowed(path);
+    }
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .unwrap_or(Cow::Borrowed(path))
+}
 
 /// A request path below `/v1`, checked to stay there; kept as it arrived
 /// (percent-encoding included), so the provider sees the caller's bytes, and
@@ -115,6 +131,19 @@ mod tests {
             );
         }
         assert!(ProxyPath::parse("/v1/%ff").is_err(), "not UTF-8");
+    }
+
+    #[test]
+    fn a_decoded_path_is_what_names_an_endpoint() {
+        assert_eq!(
+            decoded_path("/v1/chat/%63%6Fmpletions"),
+            "/v1/chat/completions"
+        );
+        assert!(matches!(
+            decoded_path("/v1/chat/completions"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(decoded_path("/v1/%ff"), "/v1/%ff", "not UTF-8: as it came");
     }
 
     #[test]

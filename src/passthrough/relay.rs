@@ -2,19 +2,23 @@
 //! own response. Paths below `/v1/messages` are Anthropic's: routed among
 //! `api: anthropic` upstreams.
 
+use std::sync::Arc;
+
 use axum::{
     body::Body,
     http::{HeaderMap, HeaderName, Method, header},
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
+use futures::future::Either;
 use tokio::time::Instant;
 
-use super::{Passthrough, ProxyPath};
+use super::{Passthrough, ProxyPath, paid::Caller};
 use crate::{
     auth::forwarded_credential,
     config::Api,
     error::{ErrorShape, GatewayError},
+    metrics::Attribution,
     request::KEYED_HEADERS,
     upstream::{Outbound, body},
 };
@@ -51,7 +55,8 @@ fn api_of(path: &str) -> Api {
 impl Passthrough<'_> {
     /// Proxies one request whose path passed the first fence and whose body
     /// was read (bounded) by the edge: routed by its model among the
-    /// upstreams of its API, let through by the policy, relayed as the
+    /// upstreams of its API, let through by the policy, held to `tenant`'s
+    /// budgets when the provider bills it (`paid.rs`), relayed as the
     /// provider answers. `GET /v1/models` is the merged list (`models.rs`).
     pub async fn serve(
         &self,
@@ -60,6 +65,7 @@ impl Passthrough<'_> {
         headers: HeaderMap,
         query: Option<String>,
         body: Bytes,
+        tenant: &Arc<str>,
     ) -> Result<Response, GatewayError> {
         // What the provider will make of the path: rules and routes match this.
         let full_path = path.decoded().to_owned();
@@ -69,18 +75,19 @@ impl Passthrough<'_> {
         // Anthropic's paths only ever go to an Anthropic upstream; others prefer
         // an OpenAI one and fall back to any whose models match.
         let api = api_of(&full_path);
-        let upstream = match (
-            routing_model(&method, &full_path, &headers, &body).await,
-            api,
-        ) {
+        let model = routing_model(&method, &full_path, &headers, &body).await;
+        let no_route = |model: &str| GatewayError::NoRoute {
+            model: model.to_owned(),
+        };
+        let upstream = match (model.as_deref(), api) {
             (Some(model), Api::Anthropic) => self
                 .routes
-                .route_for(api, &model)
-                .ok_or(GatewayError::NoRoute { model })?,
+                .route_for(api, model)
+                .ok_or_else(|| no_route(model))?,
             (Some(model), Api::OpenAi) => self
                 .routes
-                .route_preferring(api, &model)
-                .ok_or(GatewayError::NoRoute { model })?,
+                .route_preferring(api, model)
+                .ok_or_else(|| no_route(model))?,
             (None, Api::Anthropic) => {
                 self.routes
                     .first_of(api)
@@ -105,6 +112,13 @@ impl Passthrough<'_> {
         };
         self.policy
             .check(&method, &full_path, self.shares_a_key(upstream))?;
+        let caller = Caller {
+            tenant,
+            model: model.as_deref(),
+        };
+        let bill = self
+            .admit_paid(&method, &full_path, upstream, caller)
+            .await?;
         let outbound = Outbound {
             upstream,
             method,
@@ -114,7 +128,7 @@ impl Passthrough<'_> {
             authorization: forwarded_credential(&headers),
             body,
         };
-        self.relay(&outbound).await
+        self.relay(&outbound, bill).await
     }
 
     /// Whether `upstream` is called with corral's own provider key, which
@@ -123,8 +137,13 @@ impl Passthrough<'_> {
         self.upstreams[upstream].api_key.is_some()
     }
 
-    /// Sends `outbound` and streams the provider's answer back, whatever its status.
-    pub(super) async fn relay(&self, outbound: &Outbound) -> Result<Response, GatewayError> {
+    /// Sends `outbound` and streams the provider's answer back, whatever its
+    /// status; a paid call's answer (`bill`) is booked when its body ends.
+    pub(super) async fn relay(
+        &self,
+        outbound: &Outbound,
+        bill: Option<Attribution>,
+    ) -> Result<Response, GatewayError> {
         // A credential goes only to the provider it belongs to.
         self.upstream
             .check_credential(outbound.upstream, outbound.authorization.as_ref())?;
@@ -155,7 +174,21 @@ impl Passthrough<'_> {
             .request_timeout(outbound.upstream)
             .saturating_sub(started.elapsed());
         let stall = self.stream_stall_timeout;
+        // Only a JSON answer reports its usage; audio and streams are booked without.
+        let json = response_headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| {
+                value
+                    .trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/json")
+            });
         let body = body::bounded(upstream, stall, total, self.cut_upstream.clone());
+        let body = match bill {
+            Some(bill) => Either::Left(self.booked(bill, json, body)),
+            None => Either::Right(body),
+        };
         let mut response = (status, Body::from_stream(body)).into_response();
         response.headers_mut().extend(response_headers);
         Ok(response)

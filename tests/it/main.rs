@@ -13,6 +13,7 @@ mod announce;
 mod anthropic;
 mod anthropic_sdk;
 mod bad_input;
+mod budget_paths;
 mod budgets;
 mod cluster;
 mod cost;

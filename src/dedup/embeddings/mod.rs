@@ -23,12 +23,13 @@ use bytes::Bytes;
 
 use super::{
     Answered, Dedup,
+    loaders::billed_to,
     respond::{FINGERPRINT_HEADER_NAME, header_value, set_status_headers},
 };
 use crate::{
     cache::StoredResponse,
     cache_status::CacheStatus,
-    coalesce::{BatchLoader, ItemsLoaded, ItemsServed},
+    coalesce::{BatchCall, BatchLoader, ItemsLoaded, ItemsServed},
     error::GatewayError,
     fingerprint::{CacheKey, Endpoint, Fingerprint, KeyInput},
     metrics::{Attribution, Metrics},
@@ -206,12 +207,13 @@ fn batch_loader(
     bill: Attribution,
 ) -> BatchLoader {
     let outbound = Arc::new(outbound);
-    Arc::new(move |items: Vec<usize>| {
+    let bill = Arc::new(bill);
+    Arc::new(move |BatchCall { items, background }| {
         let (dedup, itemized, outbound, bill) = (
             dedup.clone(),
             itemized.clone(),
             outbound.clone(),
-            bill.clone(),
+            billed_to(&bill, background),
         );
         Box::pin(async move {
             let mut call = (*outbound).clone();
