@@ -24,6 +24,13 @@ pub struct PricingConfig {
     /// specific patterns before broad ones.
     #[schemars(with = "std::collections::BTreeMap<String, ModelPrice>")]
     pub models: PriceTable,
+    /// What a model no price names (neither `models` nor the snapshot) spends
+    /// against USD budgets, per million tokens. Its cost on `/metrics` and
+    /// `/stats` stays unknown (`corral_unpriced_tokens_total`): this is what
+    /// a budget charges, not what the provider billed. Absent: the dearest
+    /// input and output rates the price table knows, so an unpriced model can
+    /// never spend past a budget for free; price the model to be exact.
+    pub unpriced: Option<ModelPrice>,
 }
 
 impl Default for PricingConfig {
@@ -32,6 +39,7 @@ impl Default for PricingConfig {
             as_of: None,
             snapshot: true,
             models: PriceTable::default(),
+            unpriced: None,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Api, CacheScope, Config, ConfigError, OTHER_MODEL, RateConfig};
+use super::{Api, CacheScope, Config, ConfigError, ModelPrice, OTHER_MODEL, RateConfig};
 
 impl Config {
     /// The protection settings' checks, each naming its key.
@@ -319,22 +319,10 @@ impl Config {
                 ));
             }
             glob::Pattern::new(name).map_err(|err| ConfigError::key(&key, err.to_string()))?;
-            let fields = [
-                ("input", Some(price.input)),
-                ("output", Some(price.output)),
-                ("cached_input", price.cached_input),
-                ("cache_write", price.cache_write),
-            ];
-            for (field, value) in fields {
-                if let Some(value) = value
-                    && crate::pricing::picos_per_token(value).is_none()
-                {
-                    return Err(ConfigError::key(
-                        format!("{key}.{field}"),
-                        "must be a number >= 0 with at most 6 decimals (USD per million tokens)",
-                    ));
-                }
-            }
+            check_price(&key, price)?;
+        }
+        if let Some(price) = &self.pricing.unpriced {
+            check_price("pricing.unpriced", price)?;
         }
         if self.ledger.flush_interval.is_zero() || self.ledger.retention < Duration::from_secs(60) {
             return Err(ConfigError::key(
@@ -383,4 +371,26 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Every rate of a price is a number of USD per million tokens that integer
+/// picodollars can hold.
+fn check_price(key: &str, price: &ModelPrice) -> Result<(), ConfigError> {
+    let fields = [
+        ("input", Some(price.input)),
+        ("output", Some(price.output)),
+        ("cached_input", price.cached_input),
+        ("cache_write", price.cache_write),
+    ];
+    for (field, value) in fields {
+        if let Some(value) = value
+            && crate::pricing::picos_per_token(value).is_none()
+        {
+            return Err(ConfigError::key(
+                format!("{key}.{field}"),
+                "must be a number >= 0 with at most 6 decimals (USD per million tokens)",
+            ));
+        }
+    }
+    Ok(())
 }

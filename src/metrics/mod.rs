@@ -203,11 +203,12 @@ impl Attribution {
         (&*self.tenant != crate::ledger::GATEWAY).then_some(&self.tenant)
     }
 
-    /// Spends one upstream call's `usage` (at the model's price) against the
+    /// Spends one upstream call's `usage` (at the model's price, or an
+    /// unpriced model's budget rate: `ModelLabel::budget_cost`) against the
     /// budgets of its tenant, if any, and of its upstream.
     pub fn spend(&self, budgets: &Budgets, usage: &Usage) {
         if budgets.is_active() {
-            let picos = self.model.cost(usage).map(|cost| cost.0);
+            let picos = self.model.budget_cost(usage).map(|cost| cost.0);
             budgets.spend_for(self.budget_tenant(), &self.upstream, picos, usage.total());
         }
     }

@@ -30,6 +30,9 @@ pub struct ModelLabel {
     rates: Option<Rates>,
     /// Every rate: `rates`, and the snapshot's long-context tiers and audio prices.
     tariff: Option<Arc<Tariff>>,
+    /// Of a label with no price: what its tokens spend against USD budgets
+    /// (`pricing.unpriced`, else the dearest rates the table knows).
+    unpriced: Option<Arc<Tariff>>,
 }
 
 impl ModelLabel {
@@ -41,6 +44,7 @@ impl ModelLabel {
             rates,
             tariff: rates.map(|rates| Arc::new(Tariff::flat(rates))),
             price,
+            unpriced: None,
         }
     }
 
@@ -80,6 +84,14 @@ impl ModelLabel {
     pub fn cost(&self, usage: &Usage) -> Option<PicoUsd> {
         Some(self.tariff.as_ref()?.cost(usage))
     }
+
+    /// What `usage` spends against USD budgets: its [`cost`](Self::cost), or
+    /// for a model with no price, its tokens at the unpriced rate (never free:
+    /// a budget no unpriced model can pass is a budget).
+    pub fn budget_cost(&self, usage: &Usage) -> Option<PicoUsd> {
+        self.cost(usage)
+            .or_else(|| Some(self.unpriced.as_ref()?.cost(usage)))
+    }
 }
 
 /// One source of prices: exact names and globs.
@@ -111,6 +123,30 @@ impl Layer {
             slot.insert(label.clone());
         }
     }
+}
+
+/// What an unpriced model's tokens spend against budgets: `pricing.unpriced`,
+/// else the dearest input and output rates among `labels` (zero when none has
+/// a price: then there is nothing to be dear by, and budgets count the
+/// priced models only).
+fn unpriced_tariff(pricing: &PricingConfig, labels: &[ModelLabel]) -> Tariff {
+    if let Some(rates) = pricing.unpriced.as_ref().and_then(Rates::of) {
+        return Tariff::flat(rates);
+    }
+    let dearest = |rate: fn(&Rates) -> u64| {
+        labels
+            .iter()
+            .filter_map(|label| label.rates.as_ref().map(rate))
+            .max()
+            .unwrap_or(0)
+    };
+    let input = dearest(|rates| rates.input);
+    Tariff::flat(Rates {
+        input,
+        cached_input: input,
+        cache_write: input,
+        output: dearest(|rates| rates.output),
+    })
 }
 
 /// The longest `model` a price or a route could name; a longer one is `other`.
@@ -197,6 +233,14 @@ impl ModelTable {
             table.routes.insert(lower, label.clone());
             table.all.push(label);
         }
+        // Every label without a price spends the unpriced rate against budgets.
+        let unpriced = Arc::new(unpriced_tariff(pricing, &table.all));
+        table.other.unpriced = Some(unpriced.clone());
+        for label in table.routes.values_mut().chain(table.all.iter_mut()) {
+            if label.tariff.is_none() {
+                label.unpriced = Some(unpriced.clone());
+            }
+        }
         table.all.push(table.other.clone());
         table
     }
@@ -261,8 +305,44 @@ mod tests {
                 ("gpt-4o*".into(), price(2.5, 10.0)),
                 ("claude-*".into(), price(3.0, 15.0)),
             ]),
+            unpriced: None,
         };
         ModelTable::new(&pricing, None, &config.upstreams)
+    }
+
+    /// B3: a model no price names spends against budgets at the dearest
+    /// rates the table knows (or `pricing.unpriced`), never for free; its
+    /// cost stays unknown where the books report it.
+    #[test]
+    fn an_unpriced_model_spends_the_dearest_rate_against_budgets() {
+        let table = table(&["my-finetune", "gpt-*"]);
+        let usage = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 1_000_000,
+            ..Usage::default()
+        };
+        for model in ["my-finetune", "gpt-anything-a-caller-invents"] {
+            let label = table.label(model);
+            assert_eq!(label.cost(&usage), None, "{model}: its cost is unknown");
+            assert_eq!(
+                label.budget_cost(&usage),
+                Some(PicoUsd(18 * 1_000_000_000_000)),
+                "{model}: claude-*'s input and output, the dearest"
+            );
+        }
+        let priced = table.label("gpt-4o-mini");
+        assert_eq!(priced.budget_cost(&usage), priced.cost(&usage));
+        let mut config = Config::for_tests("http://127.0.0.1:1/v1");
+        config.upstreams[0].models = vec!["my-finetune".into()];
+        let pricing = PricingConfig {
+            unpriced: Some(price(1.0, 2.0)),
+            ..PricingConfig::default()
+        };
+        let configured = ModelTable::new(&pricing, None, &config.upstreams);
+        assert_eq!(
+            configured.label("my-finetune").budget_cost(&usage),
+            Some(PicoUsd(3 * 1_000_000_000_000))
+        );
     }
 
     #[test]

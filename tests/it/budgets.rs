@@ -370,3 +370,50 @@ async fn two_instances_share_a_tenants_budget_and_restarts_keep_it() {
         assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     }
 }
+
+/// B3: a model no price names is not free against a USD budget. Its tokens
+/// spend at `pricing.unpriced` (here $100 per million), or by default at the
+/// dearest rates the snapshot knows; its cost on `/metrics` stays unpriced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpriced_model_spends_against_the_budget_and_is_refused() {
+    for configured in [true, false] {
+        let gateway = TestGateway::start(|config| {
+            config.upstreams[0].models = vec!["my-finetune".into()];
+            config.pricing.models = PriceTable(Vec::new());
+            config.pricing.snapshot = true;
+            config.pricing.unpriced = configured.then_some(ModelPrice {
+                input: 100.0,
+                output: 100.0,
+                cached_input: None,
+                cache_write: None,
+            });
+            config.budgets = vec![rule(Some("*"), None, 0.004, "day")];
+        })
+        .await;
+        let mut served = 0;
+        let refused = loop {
+            assert!(served < 50, "configured {configured}: never refused");
+            let mut body = chat(&format!("unpriced {served}"));
+            body["model"] = json!("my-finetune");
+            let reply = post_as(&gateway, "sk-a", PATH, &body).await;
+            if reply.status == StatusCode::TOO_MANY_REQUESTS {
+                break reply;
+            }
+            assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+            served += 1;
+        };
+        assert_eq!(refused.json()["error"]["code"], "budget_exceeded");
+        assert!(
+            served >= 1,
+            "configured {configured}: the first call is served"
+        );
+        let metrics = gateway.get("/metrics").await;
+        let text = String::from_utf8_lossy(&metrics.body);
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with("corral_unpriced_tokens_total")
+                    && line.contains("my-finetune")),
+            "its tokens are counted as unpriced:\n{text}"
+        );
+    }
+}
