@@ -8,52 +8,17 @@
 
 use std::{sync::Arc, time::Duration};
 
-use corral::{
-    budget::BudgetRule,
-    config::{Config, ModelPrice, PriceTable},
-};
 use mock_upstream::Scripted;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Reply, TestGateway, WAIT, chat, embedding, exact_ttls};
+use crate::{
+    budgets::{auth, dear_prices, post_as, rule},
+    harness::{Reply, TestGateway, WAIT, chat, embedding, exact_ttls},
+};
 
 const PATH: &str = "/v1/chat/completions";
 const IMAGES: &str = "/v1/images/generations";
-
-/// $100 per million tokens, in and out, for chat and images alike.
-fn dear_prices(config: &mut Config) {
-    let dear = ModelPrice {
-        input: 100.0,
-        output: 100.0,
-        cached_input: None,
-        cache_write: None,
-    };
-    config.pricing.models = PriceTable(vec![
-        ("gpt-4o-mini".into(), dear),
-        ("gpt-image-1".into(), dear),
-    ]);
-}
-
-fn rule(tenant: Option<&str>, upstream: Option<&str>, usd: f64, per: &str) -> BudgetRule {
-    BudgetRule {
-        tenant: tenant.map(str::to_owned),
-        upstream: upstream.map(str::to_owned),
-        usd,
-        per: per.parse().unwrap(),
-    }
-}
-
-fn auth(key: &str) -> String {
-    format!("Bearer {key}")
-}
-
-async fn post_as(gateway: &TestGateway, key: &str, path: &str, body: &Value) -> Reply {
-    let auth = auth(key);
-    gateway
-        .post_with(path, body, &[("authorization", auth.as_str())])
-        .await
-}
 
 async fn get_as(gateway: &TestGateway, key: &str, path: &str) -> Reply {
     let response = gateway

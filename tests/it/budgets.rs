@@ -21,22 +21,27 @@ use crate::{
 const PATH: &str = "/v1/chat/completions";
 const MESSAGES: &str = "/v1/messages";
 
-/// $100 per million tokens, in and out: a short chat costs about $0.002.
-fn dear_prices(config: &mut Config) {
+/// $100 per million tokens, in and out, for every model the budget tests
+/// call (chat, Messages, Gemini, images): a short chat costs about $0.002.
+/// Shared by the tests of every path that spends (`no_store_billing`,
+/// `budget_paths`, `tenant_keys`).
+pub(crate) fn dear_prices(config: &mut Config) {
     let dear = ModelPrice {
         input: 100.0,
         output: 100.0,
         cached_input: None,
         cache_write: None,
     };
-    config.pricing.models = PriceTable(vec![
-        ("gpt-4o-mini".into(), dear),
-        ("claude-*".into(), dear),
-    ]);
+    config.pricing.models = PriceTable(
+        ["gpt-4o-mini", "gpt-image-1", "claude-*", "gemini-*"]
+            .into_iter()
+            .map(|model| (model.into(), dear))
+            .collect(),
+    );
 }
 
 /// An `api: anthropic` upstream on the same mock, serving `claude-*`.
-fn with_messages(config: &mut Config) {
+pub(crate) fn with_messages(config: &mut Config) {
     let mut anthropic = config.upstreams[0].clone();
     anthropic.name = "anthropic".into();
     anthropic.api = Api::Anthropic;
@@ -44,7 +49,12 @@ fn with_messages(config: &mut Config) {
     config.upstreams.push(anthropic);
 }
 
-fn rule(tenant: Option<&str>, upstream: Option<&str>, usd: f64, per: &str) -> BudgetRule {
+pub(crate) fn rule(
+    tenant: Option<&str>,
+    upstream: Option<&str>,
+    usd: f64,
+    per: &str,
+) -> BudgetRule {
     BudgetRule {
         tenant: tenant.map(str::to_owned),
         upstream: upstream.map(str::to_owned),
@@ -72,11 +82,11 @@ fn spawn_as(gateway: &TestGateway, key: &str, body: &Value) -> tokio::task::Join
     })
 }
 
-fn auth(key: &str) -> String {
+pub(crate) fn auth(key: &str) -> String {
     format!("Bearer {key}")
 }
 
-async fn post_as(gateway: &TestGateway, key: &str, path: &str, body: &Value) -> Reply {
+pub(crate) async fn post_as(gateway: &TestGateway, key: &str, path: &str, body: &Value) -> Reply {
     let auth = auth(key);
     gateway
         .post_with(path, body, &[("authorization", auth.as_str())])

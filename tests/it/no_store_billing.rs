@@ -5,58 +5,24 @@
 
 use std::time::Duration;
 
-use corral::{
-    budget::BudgetRule,
-    config::{Api, Config, ModelPrice, PriceTable},
-};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Reply, TestGateway, WAIT, chat, streamed};
+use crate::{
+    budgets::{dear_prices, rule, with_messages},
+    harness::{Reply, TestGateway, WAIT, chat, streamed},
+};
 
 const CHAT: &str = "/v1/chat/completions";
 const MESSAGES: &str = "/v1/messages";
 const NO_STORE: (&str, &str) = ("cache-control", "no-store");
-
-/// $100 per million tokens, in and out: a short call costs about $0.002.
-fn dear_prices(config: &mut Config) {
-    let dear = ModelPrice {
-        input: 100.0,
-        output: 100.0,
-        cached_input: None,
-        cache_write: None,
-    };
-    config.pricing.models = PriceTable(vec![
-        ("gpt-4o-mini".into(), dear),
-        ("claude-*".into(), dear),
-    ]);
-}
-
-/// An `api: anthropic` upstream on the same mock, serving `claude-*`.
-fn with_messages(config: &mut Config) {
-    let mut anthropic = config.upstreams[0].clone();
-    anthropic.name = "anthropic".into();
-    anthropic.api = Api::Anthropic;
-    anthropic.models = vec!["claude-*".into()];
-    config.upstreams.push(anthropic);
-}
-
-/// Every tenant may spend `usd` a day.
-fn daily_budget(usd: f64) -> BudgetRule {
-    BudgetRule {
-        tenant: Some("*".into()),
-        upstream: None,
-        usd,
-        per: "day".parse().unwrap(),
-    }
-}
 
 /// A gateway at [`dear_prices`], with a Messages upstream, every tenant held to `usd` a day.
 async fn budgeted(usd: f64) -> TestGateway {
     TestGateway::start(|config| {
         dear_prices(config);
         with_messages(config);
-        config.budgets = vec![daily_budget(usd)];
+        config.budgets = vec![rule(Some("*"), None, usd, "day")];
     })
     .await
 }

@@ -7,63 +7,18 @@
 //! budgets; a key of one provider is never sent to another; and `/metrics`
 //! names budget rules, never tenants.
 
-use corral::{
-    budget::BudgetRule,
-    config::{Api, Config, ModelPrice, PriceTable, Secret},
-    tenant::key_hash,
-};
+use corral::{config::Secret, tenant::key_hash};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Reply, TestGateway, chat};
+use crate::{
+    budgets::{dear_prices, rule, with_messages},
+    gemini::with_gemini,
+    harness::{Reply, TestGateway, chat},
+};
 
 const GENERATE: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
 const CHAT: &str = "/v1/chat/completions";
-
-/// An `api: gemini` upstream at the mock's `/v1beta`, with no key of its
-/// own (callers bring theirs), serving `gemini-*`.
-fn with_gemini(config: &mut Config) {
-    let mut gemini = config.upstreams[0].clone();
-    gemini.name = "gemini".into();
-    gemini.api = Api::Gemini;
-    gemini.base_url = format!("{}beta", gemini.base_url.trim_end_matches('/'));
-    gemini.models = vec!["gemini-*".into()];
-    gemini.api_key = None;
-    config.upstreams[0].models = vec!["gpt-*".into(), "text-embedding-*".into()];
-    config.upstreams.push(gemini);
-}
-
-/// An `api: anthropic` upstream on the same mock, serving `claude-*`.
-fn with_messages(config: &mut Config) {
-    let mut anthropic = config.upstreams[0].clone();
-    anthropic.name = "anthropic".into();
-    anthropic.api = Api::Anthropic;
-    anthropic.models = vec!["claude-*".into()];
-    config.upstreams.push(anthropic);
-}
-
-/// $100 per million tokens, in and out, for every model here.
-fn dear_prices(config: &mut Config) {
-    let dear = ModelPrice {
-        input: 100.0,
-        output: 100.0,
-        cached_input: None,
-        cache_write: None,
-    };
-    config.pricing.models = PriceTable(vec![
-        ("gpt-4o-mini".into(), dear),
-        ("gemini-*".into(), dear),
-    ]);
-}
-
-fn rule(tenant: Option<&str>, upstream: Option<&str>, usd: f64) -> BudgetRule {
-    BudgetRule {
-        tenant: tenant.map(str::to_owned),
-        upstream: upstream.map(str::to_owned),
-        usd,
-        per: "day".parse().unwrap(),
-    }
-}
 
 fn contents(text: &str) -> Value {
     json!({"contents": [{"parts": [{"text": text}]}],
@@ -188,7 +143,7 @@ async fn a_labelled_key_in_the_query_spends_its_labels_budget() {
         with_gemini(config);
         dear_prices(config);
         config.auth.labels_by_hash = vec![(key_hash(KEY.as_bytes()), "team-a".to_owned())];
-        config.budgets = vec![rule(Some("team-a"), None, 0.000_001)];
+        config.budgets = vec![rule(Some("team-a"), None, 0.000_001, "day")];
     })
     .await;
     let first = gateway
@@ -227,8 +182,8 @@ async fn the_budget_header_shows_only_the_callers_own_budgets() {
         dear_prices(config);
         config.auth.labels_by_hash = vec![(key_hash(b"sk-team-a"), "team-a".to_owned())];
         config.budgets = vec![
-            rule(None, Some("mock"), 1.0),
-            rule(Some("team-a"), None, 100.0),
+            rule(None, Some("mock"), 1.0, "day"),
+            rule(Some("team-a"), None, 100.0, "day"),
         ];
     })
     .await;
@@ -267,7 +222,7 @@ async fn the_budget_header_shows_only_the_callers_own_budgets() {
 async fn budget_metrics_name_the_rule_never_a_tenant() {
     let gateway = TestGateway::start(|config| {
         dear_prices(config);
-        config.budgets = vec![rule(Some("*"), None, 10.0)];
+        config.budgets = vec![rule(Some("*"), None, 10.0, "day")];
     })
     .await;
     for (key, text) in [("sk-tenant-one", "one"), ("sk-tenant-two", "two")] {
