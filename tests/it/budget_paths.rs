@@ -21,18 +21,9 @@ const PATH: &str = "/v1/chat/completions";
 const IMAGES: &str = "/v1/images/generations";
 
 async fn get_as(gateway: &TestGateway, key: &str, path: &str) -> Reply {
-    let response = gateway
-        .client
-        .get(format!("{}{path}", gateway.url))
-        .header("authorization", auth(key))
-        .send()
+    gateway
+        .get_with(path, &[("authorization", auth(key).as_str())])
         .await
-        .expect("request reaches corral");
-    Reply {
-        status: response.status(),
-        headers: response.headers().clone(),
-        body: response.bytes().await.expect("body arrives"),
-    }
 }
 
 /// A pass-through `POST /v1/audio/transcriptions` (multipart, naming its model) as `key`.

@@ -129,12 +129,16 @@ impl TestGateway {
     }
 
     pub async fn get(&self, path: &str) -> Reply {
-        let response = self
-            .client
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .expect("request reaches corral");
+        self.get_with(path, &[]).await
+    }
+
+    /// As [`get`](Self::get), with request headers (a caller's key).
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = self.client.get(format!("{}{path}", self.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("request reaches corral");
         Reply {
             status: response.status(),
             headers: response.headers().clone(),

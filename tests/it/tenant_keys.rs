@@ -361,30 +361,31 @@ async fn a_key_of_another_provider_is_refused_before_it_leaves() {
         gateway.provider.received()
     );
     // A key of no known form passes, as does a provider's own key to it.
-    let plain = gateway
-        .post_with(
+    for (path, body, credential) in [
+        (
             CHAT,
-            &chat("d"),
-            &[("authorization", "Bearer sk-plain-or-deepseek")],
-        )
-        .await;
-    assert_eq!(plain.status, StatusCode::OK, "{:?}", plain.body);
-    let own = gateway
-        .post_with(
+            chat("d"),
+            ("authorization", "Bearer sk-plain-or-deepseek"),
+        ),
+        (
             CHAT,
-            &chat("e"),
-            &[("authorization", "Bearer sk-proj-openais-own")],
-        )
-        .await;
-    assert_eq!(own.status, StatusCode::OK, "{:?}", own.body);
-    let anthropic = gateway
-        .post_with(
+            chat("e"),
+            ("authorization", "Bearer sk-proj-openais-own"),
+        ),
+        (
             "/v1/messages",
-            &messages,
-            &[("x-api-key", "sk-ant-api03-anthropics-own")],
-        )
-        .await;
-    assert_eq!(anthropic.status, StatusCode::OK, "{:?}", anthropic.body);
+            messages.clone(),
+            ("x-api-key", "sk-ant-api03-anthropics-own"),
+        ),
+    ] {
+        let reply = gateway.post_with(path, &body, &[credential]).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "{credential:?}: {:?}",
+            reply.body
+        );
+    }
 }
 
 /// S4: an upstream with a key of its own forwards no caller's credential,
