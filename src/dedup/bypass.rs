@@ -147,6 +147,7 @@ async fn stream_through(
                 None => {
                     // Billed before the body ends, so a caller that read it all
                     // finds the spend counted.
+                    billing.tap.ended();
                     let last = billing.tap.broken_end();
                     billing.settle(Estimated::Broken);
                     return last.map(|event| (vec![event], None));

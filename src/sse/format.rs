@@ -54,6 +54,13 @@ pub trait StreamFormat: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether [`complete_at_end`](Self::complete_at_end) can ever say yes:
+    /// then a reader that keeps no log of its own (a `no-store` stream's
+    /// tap) keeps the events to ask it.
+    fn may_complete_at_end(&self) -> bool {
+        false
+    }
+
     /// The token counts a logged event carries, if it carries any.
     fn event_usage(&self, event: &[u8]) -> Option<Usage>;
 

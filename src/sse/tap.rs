@@ -61,6 +61,10 @@ pub struct StreamTap {
     /// The usage the last frame that reported any reported.
     reported: Option<Usage>,
     text_bytes: usize,
+    /// Every event, for a format that completes by ending
+    /// (`StreamFormat::may_complete_at_end`: Gemini's); bounded by `max_bytes`
+    /// like everything the tap reads.
+    events: Vec<Bytes>,
     end: TapEnd,
 }
 
@@ -93,6 +97,7 @@ impl StreamTap {
             last_usage: Vec::with_capacity(LAST_USAGE_EVENTS),
             reported: None,
             text_bytes: 0,
+            events: Vec::new(),
             end: TapEnd::Open,
         }
     }
@@ -138,6 +143,16 @@ impl StreamTap {
             self.read_event(sse.event.as_deref(), &data, rewrite.then_some(&mut out));
         }
         if rewrite { out } else { vec![chunk] }
+    }
+
+    /// The provider's stream ended: complete, for a format that completes by
+    /// ending, when its events make a whole answer (Gemini's, once every
+    /// candidate finished), as the coalesced relay decides it.
+    pub fn ended(&mut self) {
+        if self.end == TapEnd::Open && self.format.complete_at_end(&self.events) {
+            self.end = TapEnd::Completed;
+        }
+        self.events = Vec::new();
     }
 
     /// The last event a rewritten stream that ended without its completing
@@ -187,6 +202,9 @@ impl StreamTap {
         if let Some(event) = event {
             if self.format.event_usage(&event).is_some() {
                 self.keep_usage_event(event.clone());
+            }
+            if self.format.may_complete_at_end() {
+                self.events.push(event.clone());
             }
             if let Some(out) = out.as_deref_mut() {
                 let shown = match self.caller_usage {

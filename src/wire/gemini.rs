@@ -438,6 +438,10 @@ impl StreamFormat for GeminiStream {
         assemble(events).is_ok()
     }
 
+    fn may_complete_at_end(&self) -> bool {
+        true
+    }
+
     fn done_event(&self) -> Option<Bytes> {
         None
     }
