@@ -25,6 +25,7 @@ pub mod pricing;
 pub mod purge;
 pub mod request;
 pub mod retry_window;
+pub mod routing;
 pub mod server;
 pub mod sse;
 pub mod state;
