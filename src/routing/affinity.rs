@@ -114,10 +114,7 @@ fn user_text(body: &Map<String, Value>) -> Option<&Value> {
         .or_else(|| body.get("prompt").filter(|v| v.is_string()))
 }
 
-fn first_message<'a>(
-    body: &'a Map<String, Value>,
-    role: impl Fn(Option<&str>) -> bool,
-) -> Option<&'a Value> {
+fn first_message(body: &Map<String, Value>, role: impl Fn(Option<&str>) -> bool) -> Option<&Value> {
     ["messages", "input"].iter().find_map(|field| {
         body.get(*field)?
             .as_array()?

@@ -60,13 +60,17 @@ fn bench(c: &mut Criterion) {
                 black_box(out[0])
             })
         });
-        group.bench_with_input(BenchmarkId::new("order_quarter_cooling", n), &specs, |b, specs| {
-            b.iter(|| {
-                key = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                order(black_box(specs), |i| i % 4 != 1, AffinityKey(key), &mut out);
-                black_box(out[0])
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::new("order_quarter_cooling", n),
+            &specs,
+            |b, specs| {
+                b.iter(|| {
+                    key = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                    order(black_box(specs), |i| i % 4 != 1, AffinityKey(key), &mut out);
+                    black_box(out[0])
+                })
+            },
+        );
         let pool = Pool::new(specs.clone(), Arc::new(SystemClock));
         pool.cool(n - 1, Duration::from_secs(3600));
         group.bench_with_input(BenchmarkId::new("pool_order", n), &pool, |b, pool| {
