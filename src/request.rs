@@ -220,6 +220,9 @@ pub struct DedupRequest {
     pub framing: Framing,
     /// The caller's own values of the label fields its answer echoes.
     pub echo: Option<Arc<Echo>>,
+    /// Which member of a pool the call goes to first (`routing::affinity_key`):
+    /// never part of the key, so every member's answer is every caller's.
+    pub affinity: u64,
 }
 
 impl DedupRequest {
@@ -423,7 +426,9 @@ impl DedupRequest {
             policy.write = false;
         }
 
+        let affinity = crate::routing::affinity_key(headers, &body).0;
         Ok(Self {
+            affinity,
             endpoint,
             wire,
             raw_body,

@@ -33,7 +33,7 @@ pub use secrets::Secret;
 pub use telemetry::{
     LogConfig, LogFormat, OTEL_ENDPOINT_ENV, OtlpConfig, OtlpProtocol, TelemetryConfig,
 };
-pub use upstream::{Api, UpstreamConfig};
+pub use upstream::{Affinity, Api, Member, MemberConfig, UpstreamConfig};
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 

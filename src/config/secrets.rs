@@ -154,6 +154,18 @@ impl Config {
                 })?;
                 upstream.api_key = Some(Secret::new((*value).to_owned()));
             }
+            for (m, member) in upstream.members.iter_mut().enumerate() {
+                if let Some(var) = &member.api_key_env {
+                    let value = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
+                        var: var.clone(),
+                        message: format!(
+                            "not set, but upstreams[{index}].members[{m}].api_key_env names it ({}/{})",
+                            upstream.name, member.name
+                        ),
+                    })?;
+                    member.api_key = Some(Secret::new((*value).to_owned()));
+                }
+            }
         }
         if let (Some(key), Some(first)) =
             (env.get(ENV_UPSTREAM_API_KEY), self.upstreams.first_mut())

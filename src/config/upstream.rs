@@ -15,6 +15,8 @@ pub struct UpstreamConfig {
     /// (`models: ["*"]`) never shadows an Anthropic one for `/v1/messages`.
     #[serde(default)]
     pub api: Api,
+    /// The provider's base URL. A pool's (`members`) is its members' default.
+    #[serde(default)]
     pub base_url: String,
     /// Name of the environment variable holding the provider key. Absent: the
     /// caller's own credential (`Authorization: Bearer` or `x-api-key`) is
@@ -57,6 +59,104 @@ pub struct UpstreamConfig {
     /// Resolved at load time from `api_key_env` (or `CORRAL_UPSTREAM_API_KEY`).
     #[serde(skip)]
     pub api_key: Option<Secret<String>>,
+    /// Equivalent accounts that serve this upstream's models (keys,
+    /// organisations, deployments): a **pool**. Absent: a pool of one, this
+    /// upstream's own `base_url` and key. Members share one cache and one
+    /// flight: a request's key names the pool, never the member.
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+    /// Which member a call goes to first: `session` keeps a conversation on
+    /// one member (the provider's prompt cache stays warm), `none` spreads
+    /// calls by weight alone.
+    #[serde(default)]
+    pub affinity: Affinity,
+    /// How long a member pauses after a 429, 529 or overload that names no
+    /// time of its own.
+    #[schemars(with = "String")]
+    #[serde(default = "default_cooldown", with = "humantime_serde")]
+    pub cooldown: Duration,
+}
+
+/// How a pool picks the member a call goes to first.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Affinity {
+    /// By the request's session (`prompt_cache_key`, a session header, the
+    /// conversation's opening), weighted: one session, one member.
+    #[default]
+    Session,
+    /// By weight alone.
+    None,
+}
+
+/// One account of a pool. Every bound left out is the pool's.
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// Unique in its pool; what `x-corral-member` and the metrics name.
+    pub name: String,
+    /// Absent: the pool's `base_url`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The variable holding this account's key. Absent: the pool's key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The provider this account is at; the pool's `api` when absent (the
+    /// only one this version speaks for a member).
+    #[serde(default)]
+    pub provider: Option<Api>,
+    /// Share of the calls, relative to the other members of its priority.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// A higher number is used only while every lower one is cooling or open.
+    #[serde(default)]
+    pub priority: u32,
+    /// Members naming one quota bucket cool down together (keys of one
+    /// organisation share its rate limit).
+    #[serde(default)]
+    pub quota: Option<String>,
+    #[schemars(with = "Option<String>")]
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    #[schemars(with = "Option<String>")]
+    #[serde(default, with = "humantime_serde")]
+    pub request_timeout: Option<Duration>,
+    #[schemars(with = "Option<String>")]
+    #[serde(default, with = "humantime_serde")]
+    pub first_byte_timeout: Option<Duration>,
+    #[serde(default)]
+    pub rate: Option<RateConfig>,
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    #[serde(default)]
+    pub breaker_failures: Option<u32>,
+    #[schemars(with = "Option<String>")]
+    #[serde(default, with = "humantime_serde")]
+    pub breaker_cool_down: Option<Duration>,
+    /// Resolved at load time from `api_key_env`.
+    #[serde(skip)]
+    pub api_key: Option<Secret<String>>,
+}
+
+/// A member as the client calls it: every setting resolved against its pool's.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    pub api: Api,
+    pub base_url: String,
+    pub api_key: Option<Secret<String>>,
+    pub weight: u32,
+    pub priority: u32,
+    pub quota: Option<String>,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub rate: Option<RateConfig>,
+    pub max_concurrency: Option<usize>,
+    pub breaker_failures: u32,
+    pub breaker_cool_down: Duration,
 }
 
 /// The wire format an upstream speaks, and with it how corral authenticates
@@ -87,12 +187,74 @@ impl UpstreamConfig {
     /// speaks and its base URL, never its name (a label an operator may move
     /// to another provider, or give two upstreams). A changed provider or base
     /// URL is another key, so no answer of the old one is served for it.
+    ///
+    /// A pool (`members`) is one key: its API and its name, whatever members
+    /// it has, since they are declared equivalent (adding, removing or
+    /// cooling one keeps every entry). Pointing a pool at another provider is
+    /// giving it another name (or purging it).
     pub fn identity(&self) -> String {
-        format!(
-            "{}\u{0}{}",
-            self.api.as_str(),
-            self.base_url.trim_end_matches('/')
-        )
+        if self.members.is_empty() {
+            format!(
+                "{}\u{0}{}",
+                self.api.as_str(),
+                self.base_url.trim_end_matches('/')
+            )
+        } else {
+            format!("{}\u{0}pool\u{0}{}", self.api.as_str(), self.name)
+        }
+    }
+
+    /// The accounts that serve this upstream, every setting resolved: its
+    /// members, or a pool of one (this upstream itself, by its own name).
+    pub fn effective_members(&self) -> Vec<Member> {
+        if self.members.is_empty() {
+            return vec![Member {
+                name: self.name.clone(),
+                api: self.api,
+                base_url: self.base_url.clone(),
+                api_key: self.api_key.clone(),
+                weight: 1,
+                priority: 0,
+                quota: None,
+                connect_timeout: self.connect_timeout,
+                request_timeout: self.request_timeout,
+                first_byte_timeout: self.first_byte_timeout,
+                rate: self.rate,
+                max_concurrency: self.max_concurrency,
+                breaker_failures: self.breaker_failures,
+                breaker_cool_down: self.breaker_cool_down,
+            }];
+        }
+        self.members
+            .iter()
+            .map(|member| Member {
+                name: member.name.clone(),
+                api: member.provider.unwrap_or(self.api),
+                base_url: member
+                    .base_url
+                    .clone()
+                    .unwrap_or_else(|| self.base_url.clone()),
+                api_key: member.api_key.clone().or_else(|| self.api_key.clone()),
+                weight: member.weight,
+                priority: member.priority,
+                quota: member.quota.clone(),
+                connect_timeout: member.connect_timeout.unwrap_or(self.connect_timeout),
+                request_timeout: member.request_timeout.unwrap_or(self.request_timeout),
+                first_byte_timeout: member.first_byte_timeout.unwrap_or(self.first_byte_timeout),
+                rate: member.rate.or(self.rate),
+                max_concurrency: member.max_concurrency.or(self.max_concurrency),
+                breaker_failures: member.breaker_failures.unwrap_or(self.breaker_failures),
+                breaker_cool_down: member.breaker_cool_down.unwrap_or(self.breaker_cool_down),
+            })
+            .collect()
+    }
+
+    /// Whether corral calls this upstream with keys of its own (every member
+    /// has one), which every tenant then shares.
+    pub fn has_own_keys(&self) -> bool {
+        self.effective_members()
+            .iter()
+            .all(|member| member.api_key.is_some())
     }
 }
 
@@ -118,6 +280,12 @@ fn default_request_timeout() -> Duration {
 }
 fn default_first_byte_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_cooldown() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_weight() -> u32 {
+    1
 }
 fn default_breaker_failures() -> u32 {
     5

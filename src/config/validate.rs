@@ -96,34 +96,44 @@ impl Config {
             ));
         }
         for (i, upstream) in self.upstreams.iter().enumerate() {
-            if let Some(upstream_rate) = &upstream.rate {
-                rate(upstream_rate, &format!("upstreams[{i}].rate"))?;
-            }
-            if upstream.max_concurrency == Some(0) {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].max_concurrency"),
-                    "must be at least 1",
-                ));
-            }
-            if upstream.breaker_failures == 0 {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].breaker_failures"),
-                    "must be at least 1",
-                ));
-            }
-            if upstream.first_byte_timeout.is_zero() || upstream.request_timeout.is_zero() {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].first_byte_timeout"),
-                    "first_byte_timeout and request_timeout must be above zero",
-                ));
-            }
-            // With gateway keys, the caller's Authorization is a gateway key:
-            // forwarding it would hand it to the provider.
-            if !self.auth.key_hashes.is_empty() && upstream.api_key.is_none() {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].api_key_env"),
-                    "is required when auth.keys or auth.keys_env is set (the caller's key is a gateway key, not a provider key)",
-                ));
+            for (m, member) in upstream.effective_members().iter().enumerate() {
+                // A pool of one is the upstream itself: its keys are the upstream's.
+                let at = |field: &str| {
+                    if upstream.members.is_empty() {
+                        format!("upstreams[{i}].{field}")
+                    } else {
+                        format!("upstreams[{i}].members[{m}].{field}")
+                    }
+                };
+                if let Some(member_rate) = &member.rate {
+                    rate(member_rate, &at("rate"))?;
+                }
+                if member.max_concurrency == Some(0) {
+                    return Err(ConfigError::key(
+                        at("max_concurrency"),
+                        "must be at least 1",
+                    ));
+                }
+                if member.breaker_failures == 0 {
+                    return Err(ConfigError::key(
+                        at("breaker_failures"),
+                        "must be at least 1",
+                    ));
+                }
+                if member.first_byte_timeout.is_zero() || member.request_timeout.is_zero() {
+                    return Err(ConfigError::key(
+                        at("first_byte_timeout"),
+                        "first_byte_timeout and request_timeout must be above zero",
+                    ));
+                }
+                // With gateway keys, the caller's Authorization is a gateway key:
+                // forwarding it would hand it to the provider.
+                if !self.auth.key_hashes.is_empty() && member.api_key.is_none() {
+                    return Err(ConfigError::key(
+                        at("api_key_env"),
+                        "is required when auth.keys or auth.keys_env is set (the caller's key is a gateway key, not a provider key)",
+                    ));
+                }
             }
         }
         if !(self.retry.budget_ratio.is_finite() && self.retry.budget_ratio >= 0.0) {
@@ -164,8 +174,11 @@ impl Config {
     /// callers who each pay with their own key; and checks the pass-through rules.
     fn validate_exposure(&self) -> Result<(), ConfigError> {
         let gateway_keys = !self.auth.key_hashes.is_empty();
-        if let Some(i) = self.upstreams.iter().position(|u| u.api_key.is_some())
-            && !gateway_keys
+        if let Some(i) = self.upstreams.iter().position(|u| {
+            u.effective_members()
+                .iter()
+                .any(|member| member.api_key.is_some())
+        }) && !gateway_keys
             && !self.listen.ip().is_loopback()
             && !self.auth.allow_anonymous
         {
@@ -179,7 +192,7 @@ impl Config {
         }
         if self.cache.scope == CacheScope::Global
             && !gateway_keys
-            && let Some(i) = self.upstreams.iter().position(|u| u.api_key.is_none())
+            && let Some(i) = self.upstreams.iter().position(|u| !u.has_own_keys())
         {
             return Err(ConfigError::key(
                 "cache.scope",
@@ -187,6 +200,57 @@ impl Config {
                     "`global` is refused while callers bring their own provider keys (upstreams[{i}] has no api_key_env) and no gateway key authenticates them: an answer paid by one key would be served to any key or none, and one bad key's error to everyone. Use `tenant`, or set api_key_env and gateway keys (auth.keys)"
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// A pool's members: each named once, weighted above zero, at the
+    /// pool's provider, and, when there are several, each with a key of its
+    /// own (a caller's credential belongs to one account: it is never spread
+    /// over a pool's).
+    fn validate_pool(&self, i: usize, upstream: &super::UpstreamConfig) -> Result<(), ConfigError> {
+        for (m, member) in upstream.members.iter().enumerate() {
+            let at = |field: &str| format!("upstreams[{i}].members[{m}].{field}");
+            if member.name.is_empty() {
+                return Err(ConfigError::key(at("name"), "a member needs a name"));
+            }
+            if let Some(first) = upstream.members[..m]
+                .iter()
+                .position(|earlier| earlier.name == member.name)
+            {
+                return Err(ConfigError::key(
+                    at("name"),
+                    format!(
+                        "`{}` names members[{first}] of `{}` too; every member needs a name of its own",
+                        member.name, upstream.name
+                    ),
+                ));
+            }
+            if member.weight == 0 {
+                return Err(ConfigError::key(
+                    at("weight"),
+                    "must be at least 1 (leave a member out to send it nothing)",
+                ));
+            }
+            if let Some(provider) = member.provider
+                && provider != upstream.api
+            {
+                return Err(ConfigError::key(
+                    at("provider"),
+                    format!(
+                        "`{}` is not this pool's API (`{}`): a member speaks its pool's wire format",
+                        provider.as_str(),
+                        upstream.api.as_str()
+                    ),
+                ));
+            }
+            if upstream.members.len() > 1 && member.api_key.is_none() && upstream.api_key.is_none()
+            {
+                return Err(ConfigError::key(
+                    at("api_key_env"),
+                    "every member of a pool of several needs a key (its own, or the pool's): a caller's key belongs to one account, never to a pool's",
+                ));
+            }
         }
         Ok(())
     }
@@ -217,29 +281,14 @@ impl Config {
                     ),
                 ));
             }
-            let url = reqwest::Url::parse(&upstream.base_url).map_err(|err| {
-                ConfigError::key(format!("upstreams[{i}].base_url"), err.to_string())
-            })?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].base_url"),
-                    "must be an http or https URL",
-                ));
-            }
-            // Anthropic's SDKs take the bare host as their base URL and add
-            // `/v1/messages`; corral adds `/messages` to its base URL, so the
-            // bare host would send every request to a path that does not exist.
-            if upstream.api == Api::Gemini && url.path().trim_end_matches('/').is_empty() {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].base_url"),
-                    "a Gemini base URL ends in its version, e.g. https://generativelanguage.googleapis.com/v1beta (corral appends /models/...)",
-                ));
-            }
-            if upstream.api == Api::Anthropic && url.path().trim_end_matches('/').is_empty() {
-                return Err(ConfigError::key(
-                    format!("upstreams[{i}].base_url"),
-                    "an Anthropic base URL ends in its version, e.g. https://api.anthropic.com/v1 (corral appends /messages)",
-                ));
+            self.validate_pool(i, upstream)?;
+            for (m, member) in upstream.effective_members().iter().enumerate() {
+                let key = if upstream.members.is_empty() {
+                    format!("upstreams[{i}].base_url")
+                } else {
+                    format!("upstreams[{i}].members[{m}].base_url")
+                };
+                check_base_url(&key, member.api, &member.base_url)?;
             }
             if upstream.models.is_empty() {
                 return Err(ConfigError::key(
@@ -391,6 +440,32 @@ fn check_price(key: &str, price: &ModelPrice) -> Result<(), ConfigError> {
                 "must be a number >= 0 with at most 6 decimals (USD per million tokens)",
             ));
         }
+    }
+    Ok(())
+}
+
+/// A provider's base URL: http(s), and for the APIs whose paths corral
+/// appends below a version, ending in that version.
+fn check_base_url(key: &str, api: Api, base_url: &str) -> Result<(), ConfigError> {
+    let url =
+        reqwest::Url::parse(base_url).map_err(|err| ConfigError::key(key, err.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError::key(key, "must be an http or https URL"));
+    }
+    // Anthropic's SDKs take the bare host as their base URL and add
+    // `/v1/messages`; corral adds `/messages` to its base URL, so the
+    // bare host would send every request to a path that does not exist.
+    if api == Api::Gemini && url.path().trim_end_matches('/').is_empty() {
+        return Err(ConfigError::key(
+            key,
+            "a Gemini base URL ends in its version, e.g. https://generativelanguage.googleapis.com/v1beta (corral appends /models/...)",
+        ));
+    }
+    if api == Api::Anthropic && url.path().trim_end_matches('/').is_empty() {
+        return Err(ConfigError::key(
+            key,
+            "an Anthropic base URL ends in its version, e.g. https://api.anthropic.com/v1 (corral appends /messages)",
+        ));
     }
     Ok(())
 }

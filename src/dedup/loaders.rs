@@ -8,7 +8,12 @@ use std::sync::Arc;
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
 
-use super::{Dedup, RawRequest, bypass::answer_text_bytes, outbound_of, respond::shared_response};
+use super::{
+    Dedup, RawRequest,
+    bypass::answer_text_bytes,
+    outbound_of,
+    respond::{MEMBER_HEADER, shared_response},
+};
 use crate::{
     cache::StoredResponse,
     coalesce::{FlightCall, Loaded, Loader, StreamPublisher},
@@ -303,7 +308,14 @@ pub(super) async fn call_upstream(
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
-    let response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
+    let mut response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
+    // The pool member that answered, for the caller to see (never a provider's
+    // own `x-corral-*`: `shared_response` keeps only allowlisted headers).
+    if let Some(member) = buffered.member.as_deref()
+        && let Ok(value) = HeaderValue::from_str(member)
+    {
+        response.headers.push((MEMBER_HEADER, value));
+    }
     // An answer without usage is billed what its size says.
     dedup.billed_or_estimated(
         bill,

@@ -345,5 +345,6 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
         headers: std::mem::take(&mut request.forward_headers),
         authorization: request.authorization.take(),
         body: request.raw_body.clone(),
+        affinity: Some(request.affinity),
     }
 }

@@ -34,6 +34,9 @@ pub const FINGERPRINT_HEADER: &str = "x-corral-fingerprint";
 pub const CACHE_HEADER: &str = "x-corral-cache";
 pub const FINGERPRINT_HEADER_NAME: HeaderName = HeaderName::from_static(FINGERPRINT_HEADER);
 pub const CACHE_HEADER_NAME: HeaderName = HeaderName::from_static(CACHE_HEADER);
+/// The pool member whose call made the answer (an answer the cache or a
+/// flight shares names the member that made it).
+pub const MEMBER_HEADER: HeaderName = HeaderName::from_static("x-corral-member");
 /// Written on every response by the request pipeline (`api::pipeline`); named
 /// here because a HIT's prebuilt headers hold its place.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";

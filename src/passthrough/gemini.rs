@@ -79,6 +79,7 @@ impl Passthrough<'_> {
             headers: forwarded_headers(headers),
             authorization: key,
             body,
+            affinity: None,
         };
         self.relay(&outbound, bill).await
     }

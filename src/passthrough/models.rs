@@ -40,6 +40,7 @@ impl Passthrough<'_> {
                 headers: forwarded_headers(headers),
                 authorization: forwarded_credential(headers),
                 body: Default::default(),
+                affinity: None,
             };
             // A key of one provider is not shown to another: that upstream's
             // list is left out (all of them foreign: the refusal answers).

@@ -127,6 +127,7 @@ impl Passthrough<'_> {
             headers: forwarded_headers(&headers),
             authorization: forwarded_credential(&headers),
             body,
+            affinity: None,
         };
         self.relay(&outbound, bill).await
     }
@@ -134,7 +135,7 @@ impl Passthrough<'_> {
     /// Whether `upstream` is called with corral's own provider key, which
     /// every tenant then shares.
     pub(super) fn shares_a_key(&self, upstream: usize) -> bool {
-        self.upstreams[upstream].api_key.is_some()
+        self.upstreams[upstream].has_own_keys()
     }
 
     /// Sends `outbound` and streams the provider's answer back, whatever its

@@ -34,7 +34,7 @@ use tokio::{
 use crate::breaker::{Breaker, Permit};
 use crate::{
     clock::{Clock, retry_after_secs},
-    config::{RetryConfig, UpstreamConfig},
+    config::Member,
     error::GatewayError,
     limits::Rate,
 };
@@ -114,26 +114,24 @@ impl RetryBudget {
 #[derive(Debug)]
 pub struct UpstreamGuard {
     pub breaker: Breaker,
-    pub budget: RetryBudget,
     concurrency: Option<Arc<Semaphore>>,
     rate: Option<Rate>,
     name: String,
 }
 
 impl UpstreamGuard {
-    pub fn new(upstream: &UpstreamConfig, retry: &RetryConfig, clock: Arc<dyn Clock>) -> Self {
+    /// The guard of one member (`name`: what its errors say), with the
+    /// member's own bounds.
+    pub fn new(name: &str, member: &Member, clock: Arc<dyn Clock>) -> Self {
         Self {
             breaker: Breaker::new(
-                upstream.breaker_failures,
-                upstream.breaker_cool_down,
+                member.breaker_failures,
+                member.breaker_cool_down,
                 clock.clone(),
             ),
-            budget: RetryBudget::new(retry.budget_ratio, retry.budget_min_per_sec, clock.clone()),
-            concurrency: upstream
-                .max_concurrency
-                .map(|n| Arc::new(Semaphore::new(n))),
-            rate: upstream.rate.as_ref().map(|rate| Rate::new(rate, clock)),
-            name: upstream.name.clone(),
+            concurrency: member.max_concurrency.map(|n| Arc::new(Semaphore::new(n))),
+            rate: member.rate.as_ref().map(|rate| Rate::new(rate, clock)),
+            name: name.to_owned(),
         }
     }
 

@@ -17,46 +17,25 @@ use opentelemetry::context::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    breaker::{UpstreamGuard, is_upstream_failure},
+    breaker::is_upstream_failure,
+    pool::{Pool, Target, Walk},
     retry::{self, AttemptError},
 };
 use crate::{
-    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, Provider, bearer_token},
-    breaker::BreakerState,
+    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, bearer_token},
+    breaker::{BreakerState, Permit},
     clock::{Clock, SystemClock, retry_after_secs},
     config::{Api, Config, RetryConfig, Secret},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
+    routing::{self, Admission, Probe},
     traces,
 };
 
-/// A provider as the client needs it.
-#[derive(Debug)]
-struct Target {
-    name: String,
-    /// How the provider is authenticated to and which errors it retries.
-    api: Api,
-    /// Every request URL extends its path (`confined_url`).
-    base: reqwest::Url,
-    /// Whose credentials it may be sent (`auth::Provider::of_upstream`).
-    provider: Provider,
-    api_key: Option<Secret<String>>,
-    request_timeout: Duration,
-    /// How long a read's response head may take (a pass-through `GET`).
-    first_byte_timeout: Duration,
-    /// How long a deduplicated stream's response head may take: as long as
-    /// its first event may (`coalesce.first_event_timeout`), since some
-    /// providers send the head only with the first token; at least
-    /// `first_byte_timeout`, at most `request_timeout`.
-    stream_head_timeout: Duration,
-    /// Per upstream, so each has its own connect timeout.
-    client: reqwest::Client,
-    guard: UpstreamGuard,
-}
-
 #[derive(Debug)]
 pub struct Upstream {
-    targets: Vec<Target>,
+    /// One pool per configured upstream, indexed like `config.upstreams`.
+    pools: Vec<Pool>,
     /// Cancelled when the shutdown drain times out: running calls end at once.
     cut: CancellationToken,
     retry: RetryConfig,
@@ -79,6 +58,9 @@ pub struct Outbound {
     /// The caller's credential as an `Authorization` value (`auth::forwarded_credential`),
     /// used only when the upstream has no key of its own, in the form its API expects.
     pub authorization: Option<HeaderValue>,
+    /// The request's affinity key (`routing::affinity`): which member of a
+    /// pool it goes to first. `None`: by weight alone.
+    pub affinity: Option<u64>,
     pub body: Bytes,
 }
 
@@ -90,6 +72,48 @@ pub struct Buffered {
     pub body: Bytes,
     pub attempts: usize,
     pub elapsed: Duration,
+    /// The pool member that answered (`x-corral-member`).
+    pub member: Option<Arc<str>>,
+}
+
+/// The member a call's next attempt goes to, its breaker permit, and its
+/// cooldown probe if it is one: the first of the walk's candidates that is
+/// not cooling and whose guard lets it through (an open circuit or a spent
+/// rate cap passes the call on to the next). Every member cooling: 429 with
+/// the pool's cooldown; every member refusing: the last refusal.
+fn choose<'p>(
+    pool: &'p Pool,
+    walk: &mut Walk,
+) -> Result<(usize, Permit<'p>, Option<Probe<'p>>), GatewayError> {
+    let mut refused = None;
+    for member in walk.candidates() {
+        let probe = match pool.admit(member) {
+            Admission::Free => None,
+            Admission::Probe(probe) => Some(probe),
+            Admission::Cooling => continue,
+        };
+        match pool.members[member].guard.admit() {
+            Ok(permit) => return Ok((member, permit, probe)),
+            // A probe dropped unused goes to the next caller.
+            Err(refusal) => refused = Some(refusal),
+        }
+    }
+    Err(refused.unwrap_or_else(|| GatewayError::RateLimited {
+        retry_after: retry_after_secs(pool.cooldown),
+        reason: "every account of the upstream's pool (cooling down after the provider's 429)",
+    }))
+}
+
+/// A failed attempt that says the member is overloaded or out of quota for
+/// now (429, 529 `overloaded_error`, 503), which cools it in a pool.
+fn is_overload(error: &GatewayError) -> bool {
+    matches!(error, GatewayError::Upstream { status, .. } if matches!(status.as_u16(), 429 | 503 | 529))
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What one attempt awaits, and for how long.
@@ -125,10 +149,21 @@ impl Counted {
     }
 }
 
+/// Which of a member's bounds a streamed call's head waits under.
+#[derive(Debug, Clone, Copy)]
+enum HeadWait {
+    /// A read's: `first_byte_timeout`.
+    FirstByte,
+    /// A deduplicated stream's: as long as its first event may take.
+    FirstEvent,
+    /// A pass-through job's, which answers when done: `request_timeout`.
+    WholeJob,
+}
+
 /// How a streamed call's head is awaited and judged.
 #[derive(Debug, Clone, Copy)]
 struct StreamHead {
-    wait: Duration,
+    wait: HeadWait,
     /// Whether a retryable status is retried at all.
     retry_statuses: bool,
     counted: Counted,
@@ -152,41 +187,14 @@ impl Upstream {
         clock: Arc<dyn Clock>,
         cut: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let targets = config
+        let pools = config
             .upstreams
             .iter()
-            .map(|u| {
-                let client = reqwest::Client::builder()
-                    .use_rustls_tls()
-                    // A redirect could lead a request (and the provider key)
-                    // anywhere; the caller gets the 3xx as the provider sent it.
-                    .redirect(reqwest::redirect::Policy::none())
-                    .connect_timeout(u.connect_timeout)
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .pool_max_idle_per_host(256)
-                    .tcp_nodelay(true)
-                    .build()?;
-                let base = reqwest::Url::parse(&u.base_url)?;
-                Ok(Target {
-                    name: u.name.clone(),
-                    api: u.api,
-                    provider: Provider::of_upstream(u.api, base.host_str()),
-                    base,
-                    api_key: u.api_key.clone(),
-                    request_timeout: u.request_timeout,
-                    first_byte_timeout: u.first_byte_timeout.min(u.request_timeout),
-                    stream_head_timeout: u
-                        .first_byte_timeout
-                        .max(config.coalesce.first_event_timeout)
-                        .min(u.request_timeout),
-                    client,
-                    guard: UpstreamGuard::new(u, &config.retry, clock.clone()),
-                })
-            })
+            .map(|upstream| Pool::new(upstream, config, clock.clone()))
             .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             cut,
-            targets,
+            pools,
             retry: config.retry.clone(),
             max_response_bytes: config.limits.max_response_bytes,
             metrics,
@@ -194,7 +202,7 @@ impl Upstream {
     }
 
     pub fn name(&self, upstream: usize) -> &str {
-        &self.targets[upstream].name
+        &self.pools[upstream].name
     }
 
     /// Refuses (401) a caller's credential that would be forwarded to
@@ -209,78 +217,106 @@ impl Upstream {
         upstream: usize,
         authorization: Option<&HeaderValue>,
     ) -> Result<(), GatewayError> {
-        let target = &self.targets[upstream];
-        let Some(caller) = authorization.filter(|_| target.api_key.is_none()) else {
-            return Ok(());
-        };
-        match Provider::of_key(bearer_token(caller.as_bytes())) {
-            Some(owner) if owner != target.provider => Err(GatewayError::ForeignCredential {
-                owner: owner.name(),
-                upstream: target.name.clone(),
-            }),
-            _ => Ok(()),
-        }
+        self.pools[upstream]
+            .members
+            .iter()
+            .try_for_each(|target| target.check_credential(authorization))
     }
 
     /// The API `upstream` speaks.
     pub fn api(&self, upstream: usize) -> Api {
-        self.targets[upstream].api
+        self.pools[upstream].api
     }
 
     /// `upstream`'s `request_timeout`: the bound on one attempt, a streamed
-    /// body included (from the request to its last byte).
+    /// body included (from the request to its last byte); of a pool, its
+    /// longest member's.
     pub fn request_timeout(&self, upstream: usize) -> Duration {
-        self.targets[upstream].request_timeout
+        self.pools[upstream]
+            .members
+            .iter()
+            .map(|target| target.request_timeout)
+            .max()
+            .unwrap_or_default()
     }
 
-    /// The state of `upstream`'s circuit.
+    /// The state of `upstream`'s circuit: of a pool, its best member's (a
+    /// pool is open only when every member is).
     pub fn circuit(&self, upstream: usize) -> BreakerState {
-        self.targets[upstream].guard.breaker.state()
+        let states = self.pools[upstream]
+            .members
+            .iter()
+            .map(|target| target.guard.breaker.state());
+        let mut best = BreakerState::Open;
+        for state in states {
+            match state {
+                BreakerState::Closed => return BreakerState::Closed,
+                BreakerState::HalfOpen => best = BreakerState::HalfOpen,
+                BreakerState::Open => {}
+            }
+        }
+        best
     }
 
-    /// `retry::with_retries` behind the upstream's guard: every attempt passes
-    /// the circuit breaker, the rate cap and the concurrency cap, and a retry
-    /// happens only while the retry budget allows. The breaker counts calls,
-    /// not attempts: a failed attempt's verdict waits until the call goes on
-    /// (then it is released without one) or ends (then it is the call's
-    /// failure), so one call of three failed attempts is one failure, and a
-    /// call that failed once then answered is a success. The shutdown cut
-    /// ends it at once.
+    /// `retry::with_retries` over the upstream's pool: each attempt goes to
+    /// the next member of the call's [`Walk`] that its guard lets through
+    /// (circuit breaker, rate cap, concurrency cap), and a retry happens only
+    /// while the pool's retry budget allows. In a pool of several, a failed
+    /// attempt (429, 529, 5xx, connect error, first-byte timeout) moves the
+    /// call to the next member at once, and a 429 or overload cools the member
+    /// (the provider's wait, else the pool's `cooldown`); a caller's own 4xx
+    /// never moves it. The breaker counts calls, not attempts: a failed
+    /// attempt's verdict waits until the call goes on (to the same member:
+    /// released without one; to another: that member failed the call) or
+    /// ends (then it is the call's failure), so one call of three failed
+    /// attempts is one failure, and a call that failed once then answered is
+    /// a success. The shutdown cut ends it at once.
     ///
     /// With traces, each attempt is a client span under the current span, and
     /// the request it sends carries that span's `traceparent`.
-    async fn protected<T, F, Fut>(
-        &self,
+    async fn protected<'s, T, F, Fut>(
+        &'s self,
         outbound: &Outbound,
         counted: Counted,
-        mut attempt: F,
-    ) -> (Result<T, GatewayError>, usize)
+        attempt: F,
+    ) -> (Result<T, GatewayError>, usize, Option<Arc<str>>)
     where
-        F: FnMut() -> Fut,
+        F: Fn(&'s Target) -> Fut,
         Fut: Future<Output = Result<T, AttemptError>>,
     {
-        let target = &self.targets[outbound.upstream];
-        let guard = &target.guard;
+        let pool = &self.pools[outbound.upstream];
         let max_attempts = retry::max_attempts(&self.retry);
         let made = AtomicUsize::new(0);
-        // The last failed attempt's permit, its verdict not given yet.
-        let failed: std::sync::Mutex<Option<crate::breaker::Permit<'_>>> =
+        let walk = std::sync::Mutex::new(pool.walk(outbound.affinity));
+        // The member of the last attempt, and its permit if it failed (its
+        // verdict not given yet).
+        let last: std::sync::Mutex<Option<(usize, Option<Permit<'s>>)>> =
             std::sync::Mutex::new(None);
-        let take_failed = || failed.lock().unwrap_or_else(|p| p.into_inner()).take();
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;
-            let call = attempt();
-            let (failed, take_failed) = (&failed, &take_failed);
+            if n == 1 {
+                pool.budget.record_first();
+            }
+            let chosen = choose(pool, &mut lock(&walk));
+            // The call goes on: the earlier attempt's failure is the verdict
+            // of the member it failed on only if the call moves away from it.
+            if let Some((earlier, Some(permit))) = lock(&last).take() {
+                match &chosen {
+                    Ok((member, _, _)) if *member == earlier => permit.release(),
+                    _ => {
+                        permit.failure();
+                    }
+                }
+            }
+            let call = chosen.map(|(member, ticket, probe)| {
+                let target = &pool.members[member];
+                *lock(&last) = Some((member, None));
+                (member, target, ticket, probe, attempt(target))
+            });
+            let (last, walk) = (&last, &walk);
             async move {
-                if n == 1 {
-                    guard.budget.record_first();
-                }
-                // The call goes on: the earlier attempt's failure is not its verdict.
-                if let Some(earlier) = take_failed() {
-                    earlier.release();
-                }
-                let ticket = guard.admit().map_err(AttemptError::fatal)?;
-                let _place = guard.acquire().await;
+                let (member, target, ticket, probe, call) = call.map_err(AttemptError::fatal)?;
+                let _place = target.guard.acquire().await;
                 // Only an attempt that goes out is a span (not one the
                 // circuit or a cap refused).
                 let traced =
@@ -297,12 +333,30 @@ impl Upstream {
                 }
                 match &result {
                     Err(err) if counted.is_failure(&err.error) => {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(ticket);
+                        *lock(last) = Some((member, Some(ticket)));
                     }
                     _ => ticket.success(),
                 }
+                let overloaded = result.as_ref().err().filter(|err| is_overload(&err.error));
+                let wait = overloaded.map(|err| err.cooldown.unwrap_or(pool.cooldown));
+                match (probe, &result, wait) {
+                    (Some(probe), Ok(_), _) => probe.success(),
+                    (Some(probe), Err(_), Some(wait)) => probe.failure(wait),
+                    // Any other outcome says nothing of the quota: the next caller probes.
+                    _ => {}
+                }
+                if let Some(wait) = wait {
+                    pool.cool(member, wait);
+                }
                 result.map_err(|mut err| {
-                    if err.retryable && n < max_attempts && !guard.budget.try_retry() {
+                    if err.retryable {
+                        // Another member takes the call now: the provider's
+                        // wait is this member's, not the next one's.
+                        if lock(walk).failed(pool, member) {
+                            err.retry_after = Some(Duration::ZERO);
+                        }
+                    }
+                    if err.retryable && n < max_attempts && !pool.budget.try_retry() {
                         tracing::info!(error = %err.error, "retry budget spent; not retrying");
                         err.retryable = false;
                     }
@@ -314,17 +368,21 @@ impl Upstream {
             outcome = run => outcome,
             () = self.cut.cancelled() => (Err(GatewayError::ShuttingDown), made.load(Ordering::Relaxed)),
         };
+        let last = lock(&last).take();
+        let member = last
+            .as_ref()
+            .map(|(member, _)| pool.members[*member].member.clone());
         // The call ended on a failed attempt: that is the call's failure
         // (none when shutdown cut it: the provider was not at fault).
-        if let Some(last) = take_failed() {
+        if let Some((_, Some(permit))) = last {
             match &outcome.0 {
-                Err(GatewayError::ShuttingDown) => last.release(),
+                Err(GatewayError::ShuttingDown) => permit.release(),
                 _ => {
-                    last.failure();
+                    permit.failure();
                 }
             }
         }
-        outcome
+        (outcome.0, outcome.1, member)
     }
 
     /// Sends with retries and reads the whole body. Only a 2xx is `Ok`; the
@@ -336,23 +394,24 @@ impl Upstream {
         model: &ModelLabel,
     ) -> Result<Buffered, GatewayError> {
         let started = Instant::now();
-        let target = &self.targets[outbound.upstream];
-        let (result, attempts) = self.buffered_attempts(outbound).await;
+        let pool = &self.pools[outbound.upstream];
+        let (result, attempts, member) = self.buffered_attempts(outbound).await;
         let elapsed = started.elapsed();
-        tracing::info!(upstream = %target.name, attempts, ?elapsed, ok = result.is_ok(), "upstream call");
+        tracing::info!(upstream = %pool.name, member = member.as_deref().unwrap_or("-"), attempts, ?elapsed, ok = result.is_ok(), "upstream call");
         let status = match &result {
             Ok((status, _, _)) => status.as_str(),
             Err(err) => outcome_label(err),
         };
         self.metrics
-            .upstream_call(&target.name, model, status, attempts, elapsed);
-        let (status, headers, body) = result.map_err(|err| name_timeout(err, &target.name))?;
+            .upstream_call(&pool.name, model, status, attempts, elapsed);
+        let (status, headers, body) = result.map_err(|err| name_timeout(err, &pool.name))?;
         Ok(Buffered {
             status,
             headers,
             body,
             attempts,
             elapsed,
+            member,
         })
     }
 
@@ -360,26 +419,30 @@ impl Upstream {
     /// guarded and retried alike, not counted.
     pub async fn call_unbilled(&self, outbound: &Outbound) -> Result<Buffered, GatewayError> {
         let started = Instant::now();
-        let target = &self.targets[outbound.upstream];
-        let (result, attempts) = self.buffered_attempts(outbound).await;
-        let (status, headers, body) = result.map_err(|err| name_timeout(err, &target.name))?;
+        let pool = &self.pools[outbound.upstream];
+        let (result, attempts, member) = self.buffered_attempts(outbound).await;
+        let (status, headers, body) = result.map_err(|err| name_timeout(err, &pool.name))?;
         Ok(Buffered {
             status,
             headers,
             body,
             attempts,
             elapsed: started.elapsed(),
+            member,
         })
     }
 
     async fn buffered_attempts(
         &self,
         outbound: &Outbound,
-    ) -> (Result<(StatusCode, HeaderMap, Bytes), GatewayError>, usize) {
-        let target = &self.targets[outbound.upstream];
-        self.protected(outbound, Counted::Failures, || async {
+    ) -> (
+        Result<(StatusCode, HeaderMap, Bytes), GatewayError>,
+        usize,
+        Option<Arc<str>>,
+    ) {
+        self.protected(outbound, Counted::Failures, |target| async move {
             let response = self
-                .send_once(outbound, Wait::Whole(target.request_timeout))
+                .send_once(outbound, target, Wait::Whole(target.request_timeout))
                 .await?;
             let status = response.status();
             let headers = response.headers().clone();
@@ -405,20 +468,20 @@ impl Upstream {
     ) -> Result<reqwest::Response, GatewayError> {
         let started = Instant::now();
         let head = StreamHead {
-            wait: self.targets[outbound.upstream].stream_head_timeout,
+            wait: HeadWait::FirstEvent,
             retry_statuses: true,
             counted: Counted::Failures,
         };
-        let (result, attempts) = self.streaming_attempts(outbound, head).await;
+        let (result, attempts, _member) = self.streaming_attempts(outbound, head).await;
         let code = result.as_ref().map(reqwest::Response::status);
         let status = match &code {
             Ok(code) => code.as_str(),
             Err(err) => outcome_label(err),
         };
-        let target = &self.targets[outbound.upstream];
+        let pool = &self.pools[outbound.upstream];
         self.metrics
-            .upstream_call(&target.name, model, status, attempts, started.elapsed());
-        result.map_err(|err| name_timeout(err, &target.name))
+            .upstream_call(&pool.name, model, status, attempts, started.elapsed());
+        result.map_err(|err| name_timeout(err, &pool.name))
     }
 
     /// Sends a pass-through request until a 2xx response's headers arrive,
@@ -437,13 +500,12 @@ impl Upstream {
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
-        let target = &self.targets[outbound.upstream];
         let read = is_safe(&outbound.method);
         let head = StreamHead {
             wait: if read {
-                target.first_byte_timeout
+                HeadWait::FirstByte
             } else {
-                target.request_timeout
+                HeadWait::WholeJob
             },
             retry_statuses: read || FREE_TO_RESEND.contains(&outbound.path.as_ref()),
             counted: if read {
@@ -452,19 +514,28 @@ impl Upstream {
                 Counted::FailuresButSlowness
             },
         };
-        let (result, _attempts) = self.streaming_attempts(outbound, head).await;
-        result.map_err(|err| name_timeout(err, &target.name))
+        let (result, _attempts, _member) = self.streaming_attempts(outbound, head).await;
+        let pool = &self.pools[outbound.upstream];
+        result.map_err(|err| name_timeout(err, &pool.name))
     }
 
     async fn streaming_attempts(
         &self,
         outbound: &Outbound,
         head: StreamHead,
-    ) -> (Result<reqwest::Response, GatewayError>, usize) {
-        let target = &self.targets[outbound.upstream];
+    ) -> (
+        Result<reqwest::Response, GatewayError>,
+        usize,
+        Option<Arc<str>>,
+    ) {
         let retry_statuses = head.retry_statuses;
-        self.protected(outbound, head.counted, || async {
-            let response = self.send_once(outbound, Wait::Head(head.wait)).await?;
+        self.protected(outbound, head.counted, |target| async move {
+            let wait = match head.wait {
+                HeadWait::FirstByte => target.first_byte_timeout,
+                HeadWait::FirstEvent => target.stream_head_timeout,
+                HeadWait::WholeJob => target.request_timeout,
+            };
+            let response = self.send_once(outbound, target, Wait::Head(wait)).await?;
             let status = response.status();
             if status.is_success() {
                 return Ok(response);
@@ -481,15 +552,15 @@ impl Upstream {
         .await
     }
 
-    /// Sends the request once, awaiting what `wait` says: the whole exchange
-    /// (a buffered call), or the response head (a streamed call, whose body
-    /// has bounds of its own).
+    /// Sends the request once to `target`, awaiting what `wait` says: the
+    /// whole exchange (a buffered call), or the response head (a streamed
+    /// call, whose body has bounds of its own).
     async fn send_once(
         &self,
         outbound: &Outbound,
+        target: &Target,
         wait: Wait,
     ) -> Result<reqwest::Response, AttemptError> {
-        let target = &self.targets[outbound.upstream];
         let url = confined_url(&target.base, &outbound.path, outbound.query.as_deref())
             .map_err(AttemptError::fatal)?;
         let mut request = target.client.request(outbound.method.clone(), url);
@@ -505,7 +576,8 @@ impl Upstream {
         for (name, value) in &outbound.headers {
             request = request.header(name, value);
         }
-        self.check_credential(outbound.upstream, outbound.authorization.as_ref())
+        target
+            .check_credential(outbound.authorization.as_ref())
             .map_err(AttemptError::fatal)?;
         request = authenticate(request, target.api, target.api_key.as_ref(), outbound)
             .map_err(AttemptError::fatal)?;
@@ -751,9 +823,20 @@ pub(crate) fn status_error(
         retry_after = Some(delay);
         retry_after_header = Some(HeaderValue::from(retry_after_secs(delay).as_secs()));
     }
+    // How long the account is spent for, in the provider's own words (its
+    // rate-limit resets, `RetryInfo`): what a pool's member cools for.
+    let cooldown = routing::cooldown_from(
+        status.as_u16(),
+        headers,
+        &body,
+        Duration::ZERO,
+        std::time::SystemTime::now(),
+    )
+    .filter(|wait| !wait.is_zero());
     AttemptError {
         retryable,
         retry_after,
+        cooldown,
         error: GatewayError::Upstream {
             status,
             content_type: headers.get(header::CONTENT_TYPE).cloned(),
@@ -923,6 +1006,7 @@ mod tests {
             headers: Vec::new(),
             authorization: caller.map(|value| HeaderValue::from_str(value).unwrap()),
             body: Bytes::new(),
+            affinity: None,
         };
         let builder = reqwest::Client::new().post("http://127.0.0.1:9/v1/messages");
         let request = authenticate(builder, api, own_key.as_ref(), &outbound)

@@ -4,6 +4,7 @@
 pub mod body;
 pub mod breaker;
 mod client;
+mod pool;
 pub mod retry;
 mod route;
 

@@ -20,6 +20,9 @@ pub struct AttemptError {
     pub retryable: bool,
     /// The provider's own wait hint, which wins over the backoff.
     pub retry_after: Option<Duration>,
+    /// How long the provider says the account is spent for (a 429's rate
+    /// limit reset): how long a pool's member cools.
+    pub cooldown: Option<Duration>,
 }
 
 impl AttemptError {
@@ -28,6 +31,7 @@ impl AttemptError {
             error,
             retryable: false,
             retry_after: None,
+            cooldown: None,
         }
     }
 
@@ -36,6 +40,7 @@ impl AttemptError {
             error,
             retryable: true,
             retry_after: None,
+            cooldown: None,
         }
     }
 
@@ -45,6 +50,7 @@ impl AttemptError {
             error,
             retryable,
             retry_after: None,
+            cooldown: None,
         }
     }
 }
@@ -281,6 +287,7 @@ mod tests {
                     error: GatewayError::WaitTimedOut,
                     retryable: true,
                     retry_after: Some(Duration::from_secs(7)),
+                    cooldown: None,
                 })
             } else {
                 Ok(())
@@ -325,6 +332,7 @@ mod tests {
                 error: GatewayError::WaitTimedOut,
                 retryable: true,
                 retry_after: Some(Duration::from_secs(30)),
+                cooldown: None,
             })
         })
         .await;
@@ -425,7 +433,7 @@ mod tests {
             let (attempts, elapsed) = runtime.block_on(async {
                 let start = Instant::now();
                 let (_, attempts) = with_retries(&cfg, || async {
-                    Err::<(), _>(AttemptError { error: GatewayError::WaitTimedOut, retryable: true, retry_after: hint_ms.map(Duration::from_millis) })
+                    Err::<(), _>(AttemptError { error: GatewayError::WaitTimedOut, retryable: true, retry_after: hint_ms.map(Duration::from_millis), cooldown: None })
                 }).await;
                 (attempts, start.elapsed())
             });

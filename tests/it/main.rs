@@ -38,6 +38,7 @@ mod operate;
 mod own_controls;
 mod owners_bytes;
 mod places;
+mod pools;
 mod pricing;
 mod protection;
 mod provider_rules;

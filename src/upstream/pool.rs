@@ -1,0 +1,248 @@
+//! A pool: the equivalent accounts (members) that serve one upstream's
+//! models, as the client calls them. Each member is a [`Target`] of its own
+//! (its base URL, key, timeouts, breaker and caps); the pool keeps what they
+//! share: the retry budget, the order a call tries them in, and the
+//! cooldowns a provider's 429 or overload asks for.
+//!
+//! A call walks its pool ([`Walk`]): the members in the order the routing
+//! gives for its affinity key (`routing::pick`), skipping those cooling and
+//! those that failed it already, so a 429, 529, 5xx, connect error or
+//! first-byte timeout moves it to the next member before anything reached a
+//! caller. A pool of one is today's upstream: it never cools (its caller
+//! meets the provider's own 429, as before) and a retry goes to it again.
+
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
+
+use super::breaker::{RetryBudget, UpstreamGuard};
+use axum::http::HeaderValue;
+
+use crate::{
+    auth::{Provider, bearer_token},
+    breaker::BreakerState,
+    clock::Clock,
+    config::{Affinity, Api, Config, Member, Secret, UpstreamConfig},
+    error::GatewayError,
+    routing::{self, Admission, AffinityKey, MemberSpec},
+};
+
+/// One member as the client calls it.
+#[derive(Debug)]
+pub(super) struct Target {
+    /// What errors name: the pool's name for a pool of one, else
+    /// `pool/member`.
+    pub(super) name: String,
+    /// The member's own name (`x-corral-member`).
+    pub(super) member: Arc<str>,
+    /// How the provider is authenticated to and which errors it retries.
+    pub(super) api: Api,
+    /// Every request URL extends its path (`confined_url`).
+    pub(super) base: reqwest::Url,
+    /// Whose credentials it may be sent (`auth::Provider::of_upstream`).
+    pub(super) provider: Provider,
+    pub(super) api_key: Option<Secret<String>>,
+    pub(super) request_timeout: Duration,
+    /// How long a read's response head may take (a pass-through `GET`).
+    pub(super) first_byte_timeout: Duration,
+    /// How long a deduplicated stream's response head may take: as long as
+    /// its first event may (`coalesce.first_event_timeout`), since some
+    /// providers send the head only with the first token; at least
+    /// `first_byte_timeout`, at most `request_timeout`.
+    pub(super) stream_head_timeout: Duration,
+    /// Per member, so each has its own connect timeout.
+    pub(super) client: reqwest::Client,
+    pub(super) guard: UpstreamGuard,
+}
+
+impl Target {
+    /// Refuses (401) a caller's credential that this member would be sent
+    /// (it has no key of its own) when it has the form of another
+    /// provider's key.
+    pub(super) fn check_credential(
+        &self,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<(), GatewayError> {
+        let Some(caller) = authorization.filter(|_| self.api_key.is_none()) else {
+            return Ok(());
+        };
+        match Provider::of_key(bearer_token(caller.as_bytes())) {
+            Some(owner) if owner != self.provider => Err(GatewayError::ForeignCredential {
+                owner: owner.name(),
+                upstream: self.name.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn new(
+        pool: &UpstreamConfig,
+        member: &Member,
+        config: &Config,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            // A redirect could lead a request (and the provider key)
+            // anywhere; the caller gets the 3xx as the provider sent it.
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(member.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .build()?;
+        let base = reqwest::Url::parse(&member.base_url)?;
+        let name = if pool.members.is_empty() {
+            pool.name.clone()
+        } else {
+            format!("{}/{}", pool.name, member.name)
+        };
+        Ok(Self {
+            guard: UpstreamGuard::new(&name, member, clock),
+            name,
+            member: member.name.as_str().into(),
+            api: member.api,
+            provider: Provider::of_upstream(member.api, base.host_str()),
+            base,
+            api_key: member.api_key.clone(),
+            request_timeout: member.request_timeout,
+            first_byte_timeout: member.first_byte_timeout.min(member.request_timeout),
+            stream_head_timeout: member
+                .first_byte_timeout
+                .max(config.coalesce.first_event_timeout)
+                .min(member.request_timeout),
+            client,
+        })
+    }
+}
+
+/// One upstream's members and what they share.
+#[derive(Debug)]
+pub(super) struct Pool {
+    pub(super) name: String,
+    pub(super) api: Api,
+    pub(super) members: Vec<Target>,
+    /// Retries to the pool (failovers included) are at most a share of its
+    /// first attempts.
+    pub(super) budget: RetryBudget,
+    /// The pick and the quota buckets' cooldowns.
+    routing: routing::Pool,
+    affinity: Affinity,
+    /// A member's pause after a 429 or overload that names no time.
+    pub(super) cooldown: Duration,
+}
+
+impl Pool {
+    pub(super) fn new(
+        upstream: &UpstreamConfig,
+        config: &Config,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        let members = upstream.effective_members();
+        // Members naming one quota bucket cool down together.
+        let mut quotas: Vec<&str> = Vec::new();
+        let specs = members
+            .iter()
+            .map(|member| MemberSpec {
+                weight: NonZeroU32::new(member.weight).unwrap_or(NonZeroU32::MIN),
+                priority: member.priority,
+                quota: member.quota.as_deref().map(|quota| {
+                    quotas
+                        .iter()
+                        .position(|known| *known == quota)
+                        .unwrap_or_else(|| {
+                            quotas.push(quota);
+                            quotas.len() - 1
+                        })
+                }),
+                ..MemberSpec::named(&member.name)
+            })
+            .collect();
+        let targets = members
+            .iter()
+            .map(|member| Target::new(upstream, member, config, clock.clone()))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            name: upstream.name.clone(),
+            api: upstream.api,
+            members: targets,
+            budget: RetryBudget::new(
+                config.retry.budget_ratio,
+                config.retry.budget_min_per_sec,
+                clock.clone(),
+            ),
+            routing: routing::Pool::new(specs, clock),
+            affinity: upstream.affinity,
+            cooldown: upstream.cooldown,
+        })
+    }
+
+    /// Whether the pool has members to fail over between (a pool of one
+    /// neither cools nor fails over: it is retried, as an upstream always was).
+    pub(super) fn is_shared(&self) -> bool {
+        self.members.len() > 1
+    }
+
+    /// The members a call with `affinity` tries, in order (those whose
+    /// circuit is open or that are cooling last).
+    pub(super) fn walk(&self, affinity: Option<u64>) -> Walk {
+        let key = match (self.affinity, affinity) {
+            (Affinity::Session, Some(key)) => AffinityKey(key),
+            _ => AffinityKey::random(),
+        };
+        let mut order = Vec::with_capacity(self.members.len());
+        self.routing.order(
+            key,
+            |member| self.members[member].guard.breaker.state() == BreakerState::Open,
+            &mut order,
+        );
+        Walk {
+            order,
+            failed: vec![false; self.members.len()],
+        }
+    }
+
+    /// Asks to send to `member` now: in a pool of one, always; else free,
+    /// its one probe after a cooldown, or cooling (try the next).
+    pub(super) fn admit(&self, member: usize) -> Admission<'_> {
+        if self.is_shared() {
+            self.routing.admit(member)
+        } else {
+            Admission::Free
+        }
+    }
+
+    /// `member` pauses for `wait`, its quota bucket with it (only in a pool
+    /// of several: a pool of one's callers meet the provider's 429 as before).
+    pub(super) fn cool(&self, member: usize, wait: Duration) {
+        if self.is_shared() {
+            self.routing.cool(member, wait);
+        }
+    }
+}
+
+/// One call's way through its pool.
+#[derive(Debug)]
+pub(super) struct Walk {
+    order: Vec<usize>,
+    /// Members that failed this call: tried again only once every member has.
+    failed: Vec<bool>,
+}
+
+impl Walk {
+    /// The members this call may try next, in order: those that have not
+    /// failed it (all of them again once every member has).
+    pub(super) fn candidates(&mut self) -> impl Iterator<Item = usize> + '_ {
+        if self.failed.iter().all(|failed| *failed) {
+            self.failed.iter_mut().for_each(|failed| *failed = false);
+        }
+        self.order
+            .iter()
+            .copied()
+            .filter(|&member| !self.failed[member])
+    }
+
+    /// `member` failed this call; whether another member may take it now.
+    pub(super) fn failed(&mut self, pool: &Pool, member: usize) -> bool {
+        self.failed[member] = true;
+        pool.is_shared() && self.failed.iter().any(|failed| !failed)
+    }
+}
