@@ -346,5 +346,6 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
         authorization: request.authorization.take(),
         body: request.raw_body.clone(),
         affinity: Some(request.affinity),
+        pin: None,
     }
 }

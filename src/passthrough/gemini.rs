@@ -80,6 +80,7 @@ impl Passthrough<'_> {
             authorization: key,
             body,
             affinity: None,
+            pin: None,
         };
         self.relay(&outbound, bill).await
     }

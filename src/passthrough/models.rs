@@ -41,6 +41,7 @@ impl Passthrough<'_> {
                 authorization: forwarded_credential(headers),
                 body: Default::default(),
                 affinity: None,
+                pin: None,
             };
             // A key of one provider is not shown to another: that upstream's
             // list is left out (all of them foreign: the refusal answers).

@@ -128,6 +128,7 @@ impl Passthrough<'_> {
             authorization: forwarded_credential(&headers),
             body,
             affinity: None,
+            pin: None,
         };
         self.relay(&outbound, bill).await
     }

@@ -61,6 +61,10 @@ pub struct Outbound {
     /// The request's affinity key (`routing::affinity`): which member of a
     /// pool it goes to first. `None`: by weight alone.
     pub affinity: Option<u64>,
+    /// The member the request must go to and no other: the account that
+    /// made the state it names (a stored response, a file). Cooling or
+    /// failing, the caller gets its error, never another account's answer.
+    pub pin: Option<Arc<str>>,
     pub body: Bytes,
 }
 
@@ -287,7 +291,7 @@ impl Upstream {
         let pool = &self.pools[outbound.upstream];
         let max_attempts = retry::max_attempts(&self.retry);
         let made = AtomicUsize::new(0);
-        let walk = std::sync::Mutex::new(pool.walk(outbound.affinity));
+        let walk = std::sync::Mutex::new(pool.walk(outbound.affinity, outbound.pin.as_deref()));
         // The member of the last attempt, and its permit if it failed (its
         // verdict not given yet).
         let last: std::sync::Mutex<Option<(usize, Option<Permit<'s>>)>> =
@@ -1007,6 +1011,7 @@ mod tests {
             authorization: caller.map(|value| HeaderValue::from_str(value).unwrap()),
             body: Bytes::new(),
             affinity: None,
+            pin: None,
         };
         let builder = reqwest::Client::new().post("http://127.0.0.1:9/v1/messages");
         let request = authenticate(builder, api, own_key.as_ref(), &outbound)

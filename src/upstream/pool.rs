@@ -182,8 +182,16 @@ impl Pool {
     }
 
     /// The members a call with `affinity` tries, in order (those whose
-    /// circuit is open or that are cooling last).
-    pub(super) fn walk(&self, affinity: Option<u64>) -> Walk {
+    /// circuit is open or that are cooling last); a call `pin`ned to a member
+    /// tries that member alone (a name no member has pins nothing).
+    pub(super) fn walk(&self, affinity: Option<u64>, pin: Option<&str>) -> Walk {
+        if let Some(member) = pin.and_then(|pin| self.member_named(pin)) {
+            return Walk {
+                order: vec![member],
+                failed: vec![false; self.members.len()],
+                pinned: true,
+            };
+        }
         let key = match (self.affinity, affinity) {
             (Affinity::Session, Some(key)) => AffinityKey(key),
             _ => AffinityKey::random(),
@@ -197,7 +205,15 @@ impl Pool {
         Walk {
             order,
             failed: vec![false; self.members.len()],
+            pinned: false,
         }
+    }
+
+    /// The index of the member named `name`.
+    pub(super) fn member_named(&self, name: &str) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|target| &*target.member == name)
     }
 
     /// Asks to send to `member` now: in a pool of one, always; else free,
@@ -225,13 +241,15 @@ pub(super) struct Walk {
     order: Vec<usize>,
     /// Members that failed this call: tried again only once every member has.
     failed: Vec<bool>,
+    /// The call goes to its one member or nowhere.
+    pinned: bool,
 }
 
 impl Walk {
     /// The members this call may try next, in order: those that have not
     /// failed it (all of them again once every member has).
     pub(super) fn candidates(&mut self) -> impl Iterator<Item = usize> + '_ {
-        if self.failed.iter().all(|failed| *failed) {
+        if self.pinned || self.failed.iter().all(|failed| *failed) {
             self.failed.iter_mut().for_each(|failed| *failed = false);
         }
         self.order
@@ -243,6 +261,6 @@ impl Walk {
     /// `member` failed this call; whether another member may take it now.
     pub(super) fn failed(&mut self, pool: &Pool, member: usize) -> bool {
         self.failed[member] = true;
-        pool.is_shared() && self.failed.iter().any(|failed| !failed)
+        !self.pinned && pool.is_shared() && self.failed.iter().any(|failed| !failed)
     }
 }
