@@ -23,4 +23,4 @@ pub use affinity::affinity_key;
 pub use cooldown::{Admission, Cooldowns, LONGEST_COOLDOWN, Probe};
 pub use pick::{AffinityKey, MemberId, MemberSpec, order};
 pub use pool::Pool;
-pub use provider_wait::{cooldown_from, retry_after};
+pub use provider_wait::{LONGEST_PROVIDER_WAIT, cooldown_from, gemini_retry_delay, retry_after};

@@ -15,6 +15,11 @@ use http::HeaderMap;
 
 use super::cooldown::LONGEST_COOLDOWN;
 
+/// The longest wait any one hint can name: `Retry-After: 1e20` would
+/// overflow a `Duration` and an `Instant`, and no wait is worth a longer one.
+/// (A cooldown is bounded tighter, by [`LONGEST_COOLDOWN`].)
+pub const LONGEST_PROVIDER_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 /// The largest error body read for a `RetryInfo`: Google's error documents
 /// are a few hundred bytes; a larger body is not one.
 const LARGEST_ERROR_BODY: usize = 64 * 1024;
@@ -104,8 +109,9 @@ fn exhausted_or_latest<'a>(
 }
 
 /// Gemini's `RetryInfo.retryDelay` (`"1.5s"`) among the error's `details`,
-/// in an error object or the array a stream's error comes in.
-fn gemini_retry_delay(body: &[u8]) -> Option<Duration> {
+/// in an error object or the array a stream's error comes in. Google sends
+/// its 429s' wait there, not in `Retry-After`.
+pub fn gemini_retry_delay(body: &[u8]) -> Option<Duration> {
     if body.is_empty() || body.len() > LARGEST_ERROR_BODY {
         return None;
     }
@@ -169,14 +175,14 @@ fn seconds(text: &str, per_second: f64) -> Option<Duration> {
 
 fn seconds_f64(value: f64) -> Option<Duration> {
     (value.is_finite() && value >= 0.0)
-        .then(|| Duration::from_secs_f64(value.min(LONGEST_COOLDOWN.as_secs_f64())))
+        .then(|| Duration::from_secs_f64(value.min(LONGEST_PROVIDER_WAIT.as_secs_f64())))
 }
 
-/// From `now` to `when`, none if it has passed, at most [`LONGEST_COOLDOWN`].
+/// From `now` to `when`, none if it has passed, at most [`LONGEST_PROVIDER_WAIT`].
 fn until(when: SystemTime, now: SystemTime) -> Duration {
     when.duration_since(now)
         .unwrap_or_default()
-        .min(LONGEST_COOLDOWN)
+        .min(LONGEST_PROVIDER_WAIT)
 }
 
 #[cfg(test)]
@@ -269,7 +275,15 @@ mod tests {
                 "{text}"
             );
         }
-        assert_eq!(go_duration("1h2m3.5s"), Some(LONGEST_COOLDOWN), "bounded");
+        assert_eq!(
+            go_duration("1h2m3.5s").map(|d| d.as_millis() as u64),
+            Some(3_723_500)
+        );
+        assert_eq!(
+            go_duration("99999h"),
+            Some(LONGEST_PROVIDER_WAIT),
+            "bounded"
+        );
         for garbage in ["", "s", "5", "1x", "1.2.3s", "-1s", "NaNs", "1s2"] {
             assert_eq!(go_duration(garbage), None, "{garbage}");
         }

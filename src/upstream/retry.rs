@@ -99,55 +99,21 @@ fn error_code(body: &[u8]) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The longest wait a provider's hint can ask for. Every number a provider
-/// sends is bounded: `Retry-After: 1e20` would overflow a `Duration` and an
-/// `Instant`, and no retry is worth a longer wait.
-pub const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The longest wait a provider's hint can ask for (`routing`'s bound on
+/// every provider's word).
+pub const LONGEST_RETRY_AFTER: Duration = crate::routing::LONGEST_PROVIDER_WAIT;
 
 /// `retry-after-ms` (OpenAI's, precise) or `Retry-After` in seconds or as an
-/// HTTP date, at most [`LONGEST_RETRY_AFTER`].
+/// HTTP date, at most [`LONGEST_RETRY_AFTER`]: the one reader of those
+/// headers, `routing::retry_after`, which a pool's cooldowns read too.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds = |text: &str, scale: f64| {
-        let value = text.trim().parse::<f64>().ok()? / scale;
-        (value.is_finite() && value >= 0.0)
-            .then(|| Duration::from_secs_f64(value.min(LONGEST_RETRY_AFTER.as_secs_f64())))
-    };
-    if let Some(ms) = headers
-        .get("retry-after-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| seconds(v, 1000.0))
-    {
-        return Some(ms);
-    }
-    let value = headers.get("retry-after")?.to_str().ok()?.trim();
-    if value.parse::<f64>().is_ok() {
-        return seconds(value, 1.0);
-    }
-    let when = httpdate::parse_http_date(value).ok()?;
-    Some(
-        when.duration_since(std::time::SystemTime::now())
-            .unwrap_or_default()
-            .min(LONGEST_RETRY_AFTER),
-    )
+    crate::routing::retry_after(headers, std::time::SystemTime::now())
 }
 
 /// Gemini's wait: the `retryDelay` of a `google.rpc.RetryInfo` among an
-/// error body's `error.details` (a protobuf duration, `"3s"`, `"1.5s"`), at
-/// most [`LONGEST_RETRY_AFTER`]. Google sends its 429s' wait there, not in
-/// `Retry-After`.
+/// error body's `error.details` (`routing::gemini_retry_delay`).
 pub fn retry_info_delay(body: &[u8]) -> Option<Duration> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let details = value.get("error")?.get("details")?.as_array()?;
-    details.iter().find_map(|detail| {
-        let kind = detail.get("@type")?.as_str()?;
-        if !kind.ends_with("google.rpc.RetryInfo") {
-            return None;
-        }
-        let delay = detail.get("retryDelay")?.as_str()?.trim();
-        let seconds: f64 = delay.strip_suffix('s')?.parse().ok()?;
-        (seconds.is_finite() && seconds >= 0.0)
-            .then(|| Duration::from_secs_f64(seconds.min(LONGEST_RETRY_AFTER.as_secs_f64())))
-    })
+    crate::routing::gemini_retry_delay(body)
 }
 
 tokio::task_local! {
