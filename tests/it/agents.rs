@@ -233,6 +233,78 @@ async fn three_claude_code_runs_of_one_task_are_one_upstream_call() {
     );
 }
 
+/// Issue 38: Claude Code runs of one session through a two-member pool stay
+/// on one member (its prompt cache stays warm), whichever member that is:
+/// four tasks in one session (`--session-id`, then `--resume`), each call on
+/// the member the session picked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_runs_of_one_session_stay_on_one_pool_member() {
+    const SESSION: &str = "6f1d3c9e-5a41-4b8e-9c2d-0e7f3a1b2c4d";
+    let clients = NodeClients::get().await;
+    let members = [
+        MockProvider::start(MockSettings::default()).await.unwrap(),
+        MockProvider::start(MockSettings::default()).await.unwrap(),
+    ];
+    let gateway = messages_gateway(|config| {
+        let anthropic = config.upstreams.last_mut().expect("the Anthropic upstream");
+        anthropic.members = ["a", "b"]
+            .iter()
+            .zip(&members)
+            .map(|(name, mock)| crate::pools::member(name, mock.base_url()))
+            .collect();
+    })
+    .await;
+    let tap = Tap::start(&gateway.url).await;
+    let scratch = Scratch::new();
+    // Four tasks of one session: spread by weight alone, they would land on
+    // one member only one time in eight.
+    for (task, session) in [
+        (
+            "Say hello in one short sentence.",
+            ["--session-id", SESSION],
+        ),
+        (
+            "Now say goodbye in one short sentence.",
+            ["--resume", SESSION],
+        ),
+        (
+            "Now say thanks in one short sentence.",
+            ["--resume", SESSION],
+        ),
+        (
+            "Now say welcome in one short sentence.",
+            ["--resume", SESSION],
+        ),
+    ] {
+        let mut command = clean_command(clients.claude(), &scratch.home);
+        command
+            .args(["-p", task])
+            .args(session)
+            .current_dir(&scratch.work)
+            .env("CLAUDE_CONFIG_DIR", scratch.home.join(".claude"))
+            .env("ANTHROPIC_BASE_URL", &tap.url)
+            .env("ANTHROPIC_API_KEY", "sk-ant-claude-code")
+            .envs(CLAUDE_QUIET);
+        run(command, CLIENT_TIMEOUT, "claude -p")
+            .await
+            .success("claude -p");
+    }
+    let calls = members.each_ref().map(|mock| mock.calls_to("/v1/messages"));
+    let context = format!(
+        "calls by member {calls:?}; sent: {}",
+        describe(&tap.exchanges())
+    );
+    assert!(
+        calls.iter().sum::<u64>() >= 4,
+        "every task went upstream; {context}"
+    );
+    assert!(
+        calls.contains(&0),
+        "every call of the session on one member; {context}"
+    );
+    assert_eq!(gateway.provider.calls_to("/v1/messages"), 0, "{context}");
+}
+
 /// The shape of what a client sent, for the test log: path, model, stream, betas.
 fn describe(exchanges: &[Exchange]) -> String {
     let lines: Vec<String> = exchanges

@@ -18,7 +18,7 @@ use crate::harness::{TestGateway, chat, streamed};
 const CHAT: &str = "/v1/chat/completions";
 
 /// A member at `base_url` with key `sk-member-{name}`.
-fn member(name: &str, base_url: String) -> MemberConfig {
+pub(crate) fn member(name: &str, base_url: String) -> MemberConfig {
     MemberConfig {
         name: name.into(),
         base_url: Some(base_url),
