@@ -396,3 +396,40 @@ async fn a_pool_is_one_key_one_flight_for_every_member() {
     }
     assert_eq!(a.calls() + b.calls(), 1);
 }
+
+/// The pool's key outlives its members: after a restart on the same Redis,
+/// with member `b` removed and `c` added, the answer member `a` or `b` made
+/// is still a HIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_answers_outlive_a_change_of_its_members() {
+    let redis = crate::redis_server::RedisServer::spawn().await;
+    let [a, b, c] = <[MockProvider; 3]>::try_from(mocks(3).await).ok().unwrap();
+    let body = chat("an answer the pool keeps");
+    let before = TestGateway::start(|config| {
+        pooled(
+            config,
+            vec![member("a", a.base_url()), member("b", b.base_url())],
+            Affinity::Session,
+        );
+        config.redis = Some(crate::harness::redis_at(&redis.url()));
+    })
+    .await;
+    before.wait_connected().await;
+    assert_eq!(before.post(CHAT, &body).await.cache(), "MISS");
+    before.stop().await;
+    let after = TestGateway::start(|config| {
+        let mut heavy = member("a", a.base_url());
+        heavy.weight = 5;
+        pooled(
+            config,
+            vec![heavy, member("c", c.base_url())],
+            Affinity::Session,
+        );
+        config.redis = Some(crate::harness::redis_at(&redis.url()));
+    })
+    .await;
+    after.wait_connected().await;
+    let reply = after.post(CHAT, &body).await;
+    assert_eq!(reply.cache(), "HIT", "{:?}", reply.headers);
+    assert_eq!(a.calls() + b.calls() + c.calls(), 1);
+}
