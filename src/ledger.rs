@@ -77,6 +77,8 @@ pub enum Measure {
     Tokens,
     /// Picodollars.
     Cost,
+    /// Upstream calls (a pool member's, whatever their status).
+    Calls,
 }
 
 impl Measure {
@@ -85,11 +87,12 @@ impl Measure {
             Self::Answers => "answers",
             Self::Tokens => "tokens",
             Self::Cost => "usd",
+            Self::Calls => "calls",
         }
     }
 
     fn from_label(label: &str) -> Option<Self> {
-        [Self::Answers, Self::Tokens, Self::Cost]
+        [Self::Answers, Self::Tokens, Self::Cost, Self::Calls]
             .into_iter()
             .find(|measure| measure.label() == label)
     }
@@ -102,6 +105,8 @@ pub enum Party {
     Tenant,
     /// A configured upstream.
     Upstream,
+    /// A member of a configured pool, named `pool/member` (both from the config).
+    Member,
 }
 
 impl Party {
@@ -109,6 +114,7 @@ impl Party {
         match self {
             Self::Tenant => "tenant",
             Self::Upstream => "upstream",
+            Self::Member => "member",
         }
     }
 }
@@ -205,7 +211,7 @@ impl Account {
                 let head = join(&[party.label(), side.label(), measure.label()]);
                 match party {
                     Party::Tenant => (head + "|", Some(name)),
-                    Party::Upstream => (format!("{head}|{}", escape(name)), None),
+                    Party::Upstream | Party::Member => (format!("{head}|{}", escape(name)), None),
                 }
             }
         }
@@ -260,19 +266,37 @@ impl Account {
                 side: side(s)?,
                 model: name(model),
             },
-            [tag, s, measure, who] if tag == "tenant" || tag == "upstream" => Self::By {
-                party: if tag == "tenant" {
-                    Party::Tenant
-                } else {
-                    Party::Upstream
-                },
-                side: side(s)?,
-                measure: Measure::from_label(measure)?,
-                name: name(who),
-            },
+            [tag, s, measure, who] if tag == "tenant" || tag == "upstream" || tag == "member" => {
+                Self::By {
+                    party: match tag.as_str() {
+                        "tenant" => Party::Tenant,
+                        "upstream" => Party::Upstream,
+                        _ => Party::Member,
+                    },
+                    side: side(s)?,
+                    measure: Measure::from_label(measure)?,
+                    name: name(who),
+                }
+            }
             _ => return None,
         })
     }
+}
+
+/// The books' name of a pool member, `pool/member`: the pool's `%` and `/`
+/// escaped, so [`split_member_name`] reads it back whatever either holds.
+pub fn member_name(upstream: &str, member: &str) -> Arc<str> {
+    let upstream = upstream.replace('%', "%25").replace('/', "%2F");
+    format!("{upstream}/{member}").into()
+}
+
+/// The pool and the member of a [`member_name`].
+pub fn split_member_name(name: &str) -> (String, String) {
+    let (upstream, member) = name.split_once('/').unwrap_or((name, ""));
+    (
+        upstream.replace("%2F", "/").replace("%25", "%"),
+        member.to_owned(),
+    )
 }
 
 fn escape(part: &str) -> String {
@@ -366,6 +390,9 @@ pub struct AnswerKey {
     pub model: Arc<str>,
     pub tenant: Arc<str>,
     pub upstream: Arc<str>,
+    /// The pool member that answered (`pool/member`), for a pool's upstream
+    /// answer; `None` for a saved answer or an upstream without members.
+    pub member: Option<Arc<str>>,
 }
 
 /// What answers under one [`AnswerKey`] add up to.
@@ -451,6 +478,13 @@ impl AnswerAmounts {
                 self.unpriced.into(),
             ),
         ];
+        if let Some(member) = &key.member {
+            lines.extend([
+                by(Party::Member, member, Measure::Answers, self.answers.into()),
+                by(Party::Member, member, Measure::Tokens, tokens.into()),
+                by(Party::Member, member, Measure::Cost, self.picos),
+            ]);
+        }
         if let Some(via) = key.via {
             lines.push((
                 Account::Saved {
@@ -877,6 +911,12 @@ mod tests {
                 endpoint: "chat".into(),
                 cache: "HIT".into(),
             },
+            Account::By {
+                party: Party::Member,
+                side: Side::Upstream,
+                measure: Measure::Calls,
+                name: member_name("gpt/pool|1", "key/a"),
+            },
         ];
         for account in accounts {
             assert_eq!(
@@ -886,6 +926,11 @@ mod tests {
                 account.redis_field()
             );
         }
+        assert_eq!(
+            split_member_name(&member_name("gpt/pool%2F", "key/a")),
+            ("gpt/pool%2F".to_owned(), "key/a".to_owned()),
+            "a member's books name reads back whatever either name holds"
+        );
         assert_eq!(Account::parse("future|thing"), None);
         assert_eq!(Account::parse("tok|sideways|input|m"), None);
     }

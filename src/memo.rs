@@ -428,6 +428,7 @@ mod tests {
                 tenant: "t".into(),
                 upstream: "u".into(),
                 endpoint: "chat",
+                member: None,
             },
             fingerprint_header: HeaderValue::from_static("f"),
             echo: None,

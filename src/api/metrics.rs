@@ -32,6 +32,7 @@ pub(super) async fn refresh_live(app: &AppState) {
         waiters: *flights.waiters().borrow(),
         cache,
     });
+    app.metrics().set_cooling(app.upstream().member_cooling());
     if app.budgets().is_active() {
         app.metrics().set_budgets(&app.budgets().rule_uses());
     }

@@ -49,7 +49,7 @@ pub(super) async fn serve(
         );
         // An answer without usage is billed what its size says.
         dedup.billed_or_estimated(
-            bill,
+            &bill.answered_by(buffered.member),
             shared.usage,
             || Usage::estimate(request_bytes, answer_text_bytes(&shared.body)),
             Estimated::Unreported,
@@ -104,7 +104,7 @@ async fn stream_through(
     let as_array = request.framing == Framing::JsonArray;
     let rewrite = as_array || caller_usage == CallerUsage::NotAsked;
     dedup.may_call_upstream(bill).await?;
-    let upstream = dedup
+    let (upstream, member) = dedup
         .upstream
         .call_streaming_billed(&outbound, &bill.model)
         .await?;
@@ -115,7 +115,7 @@ async fn stream_through(
     };
     let billing = StreamBilling {
         dedup: dedup.clone(),
-        bill: bill.clone(),
+        bill: bill.answered_by(member),
         request_bytes: outbound.body.len(),
         tap: StreamTap::new(format, caller_usage, rewrite, dedup.stream_limits.max_bytes),
         billed: false,

@@ -84,10 +84,12 @@ pub(super) fn stream_loader(
             let started = std::time::Instant::now();
             let upstream = dedup.upstream.name(outbound.upstream).to_owned();
             dedup.may_call_upstream(&bill).await?;
-            let response = dedup
+            let (response, member) = dedup
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
                 .await?;
+            // Its spend is the member's that answered.
+            let bill = Arc::new(bill.answered_by(member));
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
             publisher.publish(log.clone());
@@ -318,7 +320,7 @@ pub(super) async fn call_upstream(
     }
     // An answer without usage is billed what its size says.
     dedup.billed_or_estimated(
-        bill,
+        &bill.answered_by(buffered.member.clone()),
         response.usage,
         || Usage::estimate(outbound.body.len(), answer_text_bytes(&response.body)),
         Estimated::Unreported,

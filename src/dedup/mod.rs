@@ -223,6 +223,7 @@ impl Dedup {
                 .tenant_label(credential.as_deref(), Some(&request.own_scope)),
             upstream: self.upstream_names[request.upstream].as_str().into(),
             endpoint: request.endpoint.label(),
+            member: None,
         })
     }
 

@@ -51,8 +51,9 @@ use prometheus_client::{
 use books::BooksCollector;
 pub use models::{ModelLabel, ModelTable};
 pub use stats::{
-    CostSides, History, ModelStats, NanoSides, PartyStats, Point, PricingStats, RequestStats,
-    SavedStats, SnapshotStats, Stats, TokenSides, Tokens, UpstreamStats, UsageUnknown,
+    CostSides, History, MemberStats, ModelStats, NanoSides, PartyStats, Point, PricingStats,
+    RequestStats, SavedStats, SnapshotStats, Stats, TokenSides, Tokens, UpstreamStats,
+    UsageUnknown,
 };
 
 use crate::{
@@ -60,7 +61,7 @@ use crate::{
     cache::CacheUsage,
     cache_status::CacheStatus,
     config::Config,
-    ledger::{Account, AnswerAmounts, AnswerKey, Books, LedgerCounter, Side},
+    ledger::{Account, AnswerAmounts, AnswerKey, Books, LedgerCounter, Measure, Party, Side},
     pricing::{PicoUsd, Snapshot},
     sse::LogBytes,
     usage::{Estimated, Usage},
@@ -94,9 +95,33 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamCallLabels {
     upstream: String,
+    /// The pool member of the call's last attempt (`-`: none was made).
+    member: Arc<str>,
     model: Arc<str>,
     status: String,
 }
+
+/// `corral_failovers_total`: a call moved from one member of `upstream`'s
+/// pool to another after an attempt that ended in `reason` (`429`, `503`,
+/// `unreachable`, `timeout`, ...). Members come from the config.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailoverLabels {
+    upstream: String,
+    from: Arc<str>,
+    to: Arc<str>,
+    reason: String,
+}
+
+/// One member of one pool (`corral_member_cooling`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    upstream: String,
+    member: Arc<str>,
+}
+
+/// What the `member` label says of a call that made no attempt (every member
+/// cooling or refused by its breaker or caps).
+pub const NO_MEMBER: &str = "-";
 
 /// A budget rule: whom it caps (`tenant team-a`, `upstream openai`, `every
 /// tenant`) and its window; never a tenant a `*` rule counted.
@@ -111,6 +136,7 @@ type UsdGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
     upstream: String,
+    member: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -184,6 +210,9 @@ pub struct Attribution {
     pub upstream: Arc<str>,
     /// `Endpoint::label`: `chat`, `completions` or `embeddings`.
     pub endpoint: &'static str,
+    /// The pool member that answered (set by the loader once the call is
+    /// made: [`answered_by`](Self::answered_by)); `None` before.
+    pub member: Option<Arc<str>>,
 }
 
 impl Attribution {
@@ -193,6 +222,16 @@ impl Attribution {
     pub fn gateways_own(&self) -> Self {
         Self {
             tenant: crate::ledger::GATEWAY.into(),
+            ..self.clone()
+        }
+    }
+
+    /// The same answer, made by the pool `member` whose attempt it was (a
+    /// pool's spend is then booked to that member too, on `/stats`).
+    #[must_use]
+    pub fn answered_by(&self, member: Option<Arc<str>>) -> Self {
+        Self {
+            member,
             ..self.clone()
         }
     }
@@ -258,6 +297,11 @@ struct Inner {
     upstream_requests: Family<UpstreamCallLabels, Counter>,
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
+    failovers: Family<FailoverLabels, Counter>,
+    member_cooling: Family<MemberLabels, Gauge>,
+    /// Upstreams configured with `members`: their calls and spend are
+    /// booked by member too (`/stats`); a plain upstream's member is itself.
+    pools: Vec<String>,
     gen_ai_tokens: HistogramFamily<GenAiLabels>,
     embedding_inputs: Family<SavedLabels, Counter>,
     in_flight: Gauge,
@@ -316,6 +360,18 @@ impl Metrics {
             "corral_upstream_duration_seconds",
             "Duration of one upstream call, every attempt and backoff included",
             upstream_duration.clone(),
+        );
+        let failovers = Family::<FailoverLabels, Counter>::default();
+        registry.register(
+            "corral_failovers",
+            "Calls moved from one member of a pool to another before any byte reached a caller, by the failed attempt's outcome",
+            failovers.clone(),
+        );
+        let member_cooling = Family::<MemberLabels, Gauge>::default();
+        registry.register(
+            "corral_member_cooling",
+            "1 while a pool member is cooling down after the provider's 429 or overload (its quota bucket with it), else 0",
+            member_cooling.clone(),
         );
         let gen_ai_tokens: HistogramFamily<GenAiLabels> =
             Family::new_with_constructor(token_histogram);
@@ -388,7 +444,6 @@ impl Metrics {
         let books = Arc::new(Books::new(config.ledger.max_tenants));
         registry.register_collector(Box::new(BooksCollector(books.clone())));
 
-        let upstreams: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
         // Series that exist from the start, so rates and ratios are defined
         // before the first request of each kind.
         for endpoint in ENDPOINT_LABELS {
@@ -396,11 +451,27 @@ impl Metrics {
                 drop(requests.get_or_create(&RequestLabels { endpoint, cache }));
             }
         }
-        for upstream in &upstreams {
-            drop(upstream_retries.get_or_create(&UpstreamLabels {
-                upstream: upstream.clone(),
-            }));
+        for upstream in &config.upstreams {
+            for member in upstream.effective_members() {
+                let member: Arc<str> = member.name.into();
+                drop(upstream_retries.get_or_create(&UpstreamLabels {
+                    upstream: upstream.name.clone(),
+                    member: member.clone(),
+                }));
+                if upstream.members.len() > 1 {
+                    drop(member_cooling.get_or_create(&MemberLabels {
+                        upstream: upstream.name.clone(),
+                        member,
+                    }));
+                }
+            }
         }
+        let pools = config
+            .upstreams
+            .iter()
+            .filter(|upstream| !upstream.members.is_empty())
+            .map(|upstream| upstream.name.clone())
+            .collect();
         let started_at_ms = unix_ms();
         Self {
             inner: Arc::new(Inner {
@@ -421,6 +492,9 @@ impl Metrics {
                 upstream_requests,
                 upstream_retries,
                 upstream_duration,
+                failovers,
+                member_cooling,
+                pools,
                 gen_ai_tokens,
                 embedding_inputs,
                 in_flight,
@@ -483,18 +557,27 @@ impl Metrics {
         series.booked.add(1);
     }
 
+    /// Whether `upstream` is configured with `members` (booked by member).
+    fn is_pool(&self, upstream: &str) -> bool {
+        self.inner.pools.iter().any(|pool| pool == upstream)
+    }
+
     /// One upstream call, all its attempts together: `status` is the final
-    /// HTTP status, or a word for a call that got none (`timeout`, `unreachable`, ...).
+    /// HTTP status, or a word for a call that got none (`timeout`, `unreachable`, ...);
+    /// `member` the pool member of its last attempt (`None`: it made none).
     pub fn upstream_call(
         &self,
         upstream: &str,
+        member: Option<&str>,
         model: &ModelLabel,
         status: &str,
         attempts: usize,
         elapsed: Duration,
     ) {
+        let member_label: Arc<str> = member.unwrap_or(NO_MEMBER).into();
         let labels = UpstreamCallLabels {
             upstream: upstream.to_owned(),
+            member: member_label.clone(),
             model: model.shared_name(),
             status: status.to_owned(),
         };
@@ -517,8 +600,20 @@ impl Metrics {
                 u128::from(retries),
             ),
         ]);
+        if let Some(member) = member.filter(|_| self.is_pool(upstream)) {
+            self.inner.books.post([(
+                Account::By {
+                    party: Party::Member,
+                    side: Side::Upstream,
+                    measure: Measure::Calls,
+                    name: crate::ledger::member_name(upstream, member),
+                },
+                1,
+            )]);
+        }
         let upstream = UpstreamLabels {
             upstream: upstream.to_owned(),
+            member: member_label,
         };
         self.inner
             .upstream_retries
@@ -528,6 +623,37 @@ impl Metrics {
             .upstream_duration
             .get_or_create(&upstream)
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A call moved from pool member `from` to `to` of `upstream` after an
+    /// attempt that ended in `reason` (its status, or `timeout`, `unreachable`, ...).
+    pub fn failover(&self, upstream: &str, from: &Arc<str>, to: &Arc<str>, reason: &str) {
+        self.inner
+            .failovers
+            .get_or_create(&FailoverLabels {
+                upstream: upstream.to_owned(),
+                from: from.clone(),
+                to: to.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets `corral_member_cooling` from the pools (each `(pool, member,
+    /// cooling)`); call before `encode`.
+    pub fn set_cooling<'a>(
+        &self,
+        members: impl IntoIterator<Item = (&'a str, &'a Arc<str>, bool)>,
+    ) {
+        for (upstream, member, cooling) in members {
+            self.inner
+                .member_cooling
+                .get_or_create(&MemberLabels {
+                    upstream: upstream.to_owned(),
+                    member: member.clone(),
+                })
+                .set(i64::from(cooling));
+        }
     }
 
     /// The usage of one upstream response (`None`: the provider sent none).
@@ -635,6 +761,11 @@ impl Metrics {
             model: who.model.shared_name(),
             tenant: who.tenant.clone(),
             upstream: who.upstream.clone(),
+            member: who
+                .member
+                .as_deref()
+                .filter(|_| side == Side::Upstream && self.is_pool(&who.upstream))
+                .map(|member| crate::ledger::member_name(&who.upstream, member)),
         };
         self.inner.books.post_answer(key, &amounts);
     }
@@ -730,6 +861,7 @@ mod tests {
             tenant: "team-a".into(),
             upstream: "mock".into(),
             endpoint: "chat",
+            member: None,
         }
     }
 
@@ -818,9 +950,30 @@ mod tests {
     fn retries_are_attempts_beyond_the_first() {
         let metrics = metrics();
         let model = metrics.model("gpt-4o-mini");
-        metrics.upstream_call("mock", &model, "200", 3, Duration::from_millis(5));
-        metrics.upstream_call("mock", &model, "200", 1, Duration::from_millis(5));
-        metrics.upstream_call("mock", &model, "timeout", 1, Duration::from_millis(5));
+        metrics.upstream_call(
+            "mock",
+            Some("mock"),
+            &model,
+            "200",
+            3,
+            Duration::from_millis(5),
+        );
+        metrics.upstream_call(
+            "mock",
+            Some("mock"),
+            &model,
+            "200",
+            1,
+            Duration::from_millis(5),
+        );
+        metrics.upstream_call(
+            "mock",
+            Some("mock"),
+            &model,
+            "timeout",
+            1,
+            Duration::from_millis(5),
+        );
         let stats = metrics.stats();
         assert_eq!(stats.upstream.calls, 3);
         assert_eq!(stats.upstream.retries, 2);

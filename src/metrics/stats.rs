@@ -52,6 +52,9 @@ pub struct Stats {
     pub tenants: Vec<PartyStats>,
     /// Every upstream with activity, by name.
     pub upstreams: Vec<PartyStats>,
+    /// Every member of a pool (an upstream with `members`) with activity,
+    /// by pool then member: its calls and the answers it was paid for.
+    pub members: Vec<MemberStats>,
     pub in_flight: i64,
     pub waiters: i64,
     pub cache_entries: i64,
@@ -199,6 +202,22 @@ pub struct PartyStats {
     pub cost_nano_usd: NanoSides,
 }
 
+/// What one pool member was called and paid for (`upstream` side only: a
+/// saved answer made no call, so it belongs to no member).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MemberStats {
+    /// The pool's (upstream's) name.
+    pub upstream: String,
+    pub member: String,
+    /// Upstream calls whose last attempt went to this member, any status.
+    pub calls: u64,
+    /// Answers it was paid for, their tokens and their cost.
+    pub answers: u64,
+    pub tokens: u64,
+    pub cost_usd: f64,
+    pub cost_nano_usd: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Point {
     pub t_ms: u64,
@@ -258,6 +277,8 @@ struct PartySums {
     answers: [u64; 2],
     tokens: [u64; 2],
     picos: [u128; 2],
+    /// A pool member's calls (`Measure::Calls`).
+    calls: u64,
 }
 
 impl PartySums {
@@ -267,6 +288,7 @@ impl PartySums {
             self.tokens[i] += other.tokens[i];
             self.picos[i] += other.picos[i];
         }
+        self.calls += other.calls;
     }
 
     fn into_stats(self, name: String) -> PartyStats {
@@ -334,6 +356,8 @@ struct Summary {
     models: HashMap<String, ModelSums>,
     tenants: HashMap<String, PartySums>,
     upstreams: HashMap<String, PartySums>,
+    /// Keyed `pool/member`.
+    members: HashMap<String, PartySums>,
 }
 
 impl Summary {
@@ -408,6 +432,7 @@ impl Summary {
                     let parties = match party {
                         Party::Tenant => &mut summary.tenants,
                         Party::Upstream => &mut summary.upstreams,
+                        Party::Member => &mut summary.members,
                     };
                     let sums = parties.entry(name.to_string()).or_default();
                     let i = index(*side);
@@ -415,6 +440,7 @@ impl Summary {
                         Measure::Answers => sums.answers[i] += n,
                         Measure::Tokens => sums.tokens[i] += n,
                         Measure::Cost => sums.picos[i] += amount,
+                        Measure::Calls => sums.calls += n,
                     }
                 }
             }
@@ -446,6 +472,21 @@ fn top_parties(parties: HashMap<String, PartySums>, n: usize) -> Vec<PartyStats>
     }
     shown.extend(other.map(|sums| sums.into_stats(OTHER.to_owned())));
     shown
+}
+
+/// A member's line from its books' name (`ledger::member_name`).
+fn member_stats(name: &str, sums: &PartySums) -> MemberStats {
+    let (upstream, member) = crate::ledger::split_member_name(name);
+    let picos = sums.picos[index(Side::Upstream)];
+    MemberStats {
+        upstream,
+        member,
+        calls: sums.calls,
+        answers: sums.answers[index(Side::Upstream)],
+        tokens: sums.tokens[index(Side::Upstream)],
+        cost_usd: PicoUsd(picos).as_usd(),
+        cost_nano_usd: u64::try_from(picos / PICOS_PER_NANO).unwrap_or(u64::MAX),
+    }
 }
 
 impl Metrics {
@@ -528,6 +569,12 @@ impl Metrics {
         });
         let mut upstreams = top_parties(summary.upstreams, usize::MAX);
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut members: Vec<MemberStats> = summary
+            .members
+            .into_iter()
+            .map(|(name, sums)| member_stats(&name, &sums))
+            .collect();
+        members.sort_by(|a, b| (&a.upstream, &a.member).cmp(&(&b.upstream, &b.member)));
         Stats {
             scope: view.scope,
             ledger_read_at_ms: view.read_at_ms,
@@ -562,6 +609,7 @@ impl Metrics {
             models,
             tenants: top_parties(summary.tenants, inner.top_tenants),
             upstreams,
+            members,
             in_flight: inner.in_flight.get(),
             waiters: inner.waiters.get(),
             cache_entries: inner.cache_entries.get(),
@@ -583,6 +631,7 @@ mod tests {
             answers: [answers, 0],
             tokens: [answers * 10, 0],
             picos: [picos, 0],
+            calls: 0,
         }
     }
 

@@ -94,6 +94,7 @@ impl Passthrough<'_> {
             tenant: caller.tenant.clone(),
             upstream: self.upstreams[upstream].name.as_str().into(),
             endpoint: "passthrough",
+            member: None,
         };
         self.billing
             .budgets

@@ -70,6 +70,13 @@ impl Pool {
         }
     }
 
+    /// Whether `member`'s quota bucket is cooling now (its probe out included).
+    pub fn is_cooling(&self, member: usize) -> bool {
+        self.bucket_of
+            .get(member)
+            .is_some_and(|&bucket| self.cooldowns.is_cooling(bucket))
+    }
+
     /// Cools `member`'s quota bucket (every member sharing it) for `wait`.
     pub fn cool(&self, member: usize, wait: Duration) {
         if let Some(&bucket) = self.bucket_of.get(member) {

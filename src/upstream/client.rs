@@ -244,6 +244,22 @@ impl Upstream {
             .unwrap_or_default()
     }
 
+    /// Every member of every pool of several, and whether it is cooling now
+    /// (`corral_member_cooling`, read at scrape time).
+    pub fn member_cooling(&self) -> impl Iterator<Item = (&str, &Arc<str>, bool)> {
+        self.pools
+            .iter()
+            .filter(|pool| pool.is_shared())
+            .flat_map(|pool| {
+                pool.members
+                    .iter()
+                    .enumerate()
+                    .map(move |(member, target)| {
+                        (pool.name.as_str(), &target.member, pool.is_cooling(member))
+                    })
+            })
+    }
+
     /// The state of `upstream`'s circuit: of a pool, its best member's (a
     /// pool is open only when every member is).
     pub fn circuit(&self, upstream: usize) -> BreakerState {
@@ -296,12 +312,22 @@ impl Upstream {
         // verdict not given yet).
         let last: std::sync::Mutex<Option<(usize, Option<Permit<'s>>)>> =
             std::sync::Mutex::new(None);
+        // The member an attempt just failed over from, and that attempt's
+        // outcome: a failover once the next attempt goes to another member.
+        let moved: std::sync::Mutex<Option<(usize, String)>> = std::sync::Mutex::new(None);
         let run = retry::with_retries(&self.retry, || {
             let n = made.fetch_add(1, Ordering::Relaxed) + 1;
             if n == 1 {
                 pool.budget.record_first();
             }
             let chosen = choose(pool, &mut lock(&walk));
+            if let Some((from, reason)) = lock(&moved).take()
+                && let Ok((to, _, _)) = &chosen
+                && *to != from
+            {
+                let (from, to) = (&pool.members[from].member, &pool.members[*to].member);
+                self.metrics.failover(&pool.name, from, to, &reason);
+            }
             // The call goes on: the earlier attempt's failure is the verdict
             // of the member it failed on only if the call moves away from it.
             if let Some((earlier, Some(permit))) = lock(&last).take() {
@@ -317,7 +343,7 @@ impl Upstream {
                 *lock(&last) = Some((member, None));
                 (member, target, ticket, probe, attempt(target))
             });
-            let (last, walk) = (&last, &walk);
+            let (last, walk, moved) = (&last, &walk, &moved);
             async move {
                 let (member, target, ticket, probe, call) = call.map_err(AttemptError::fatal)?;
                 let _place = target.guard.acquire().await;
@@ -358,6 +384,7 @@ impl Upstream {
                         // wait is this member's, not the next one's.
                         if lock(walk).failed(pool, member) {
                             err.retry_after = Some(Duration::ZERO);
+                            *lock(moved) = Some((member, outcome_label(&err.error).to_owned()));
                         }
                     }
                     if err.retryable && n < max_attempts && !pool.budget.try_retry() {
@@ -406,8 +433,14 @@ impl Upstream {
             Ok((status, _, _)) => status.as_str(),
             Err(err) => outcome_label(err),
         };
-        self.metrics
-            .upstream_call(&pool.name, model, status, attempts, elapsed);
+        self.metrics.upstream_call(
+            &pool.name,
+            member.as_deref(),
+            model,
+            status,
+            attempts,
+            elapsed,
+        );
         let (status, headers, body) = result.map_err(|err| name_timeout(err, &pool.name))?;
         Ok(Buffered {
             status,
@@ -464,28 +497,37 @@ impl Upstream {
     }
 
     /// As `call_streaming`, for a billable call: counted under `model` (its
-    /// duration is the time to the response headers).
+    /// duration is the time to the response headers). With the response, the
+    /// pool member that answered (`None`: a call that made no attempt).
     pub async fn call_streaming_billed(
         &self,
         outbound: &Outbound,
         model: &ModelLabel,
-    ) -> Result<reqwest::Response, GatewayError> {
+    ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
         let started = Instant::now();
         let head = StreamHead {
             wait: HeadWait::FirstEvent,
             retry_statuses: true,
             counted: Counted::Failures,
         };
-        let (result, attempts, _member) = self.streaming_attempts(outbound, head).await;
+        let (result, attempts, member) = self.streaming_attempts(outbound, head).await;
         let code = result.as_ref().map(reqwest::Response::status);
         let status = match &code {
             Ok(code) => code.as_str(),
             Err(err) => outcome_label(err),
         };
         let pool = &self.pools[outbound.upstream];
-        self.metrics
-            .upstream_call(&pool.name, model, status, attempts, started.elapsed());
-        result.map_err(|err| name_timeout(err, &pool.name))
+        self.metrics.upstream_call(
+            &pool.name,
+            member.as_deref(),
+            model,
+            status,
+            attempts,
+            started.elapsed(),
+        );
+        result
+            .map(|response| (response, member))
+            .map_err(|err| name_timeout(err, &pool.name))
     }
 
     /// Sends a pass-through request until a 2xx response's headers arrive,

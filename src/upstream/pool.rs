@@ -226,6 +226,11 @@ impl Pool {
         }
     }
 
+    /// Whether `member` is cooling now (never in a pool of one).
+    pub(super) fn is_cooling(&self, member: usize) -> bool {
+        self.is_shared() && self.routing.is_cooling(member)
+    }
+
     /// `member` pauses for `wait`, its quota bucket with it (only in a pool
     /// of several: a pool of one's callers meet the provider's 429 as before).
     pub(super) fn cool(&self, member: usize, wait: Duration) {

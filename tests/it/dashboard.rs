@@ -23,7 +23,7 @@ const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Chromium, or `None` after saying the test is skipped (never in CI, where
 /// a missing browser fails the test).
-fn chromium_or_skip() -> Option<PathBuf> {
+pub(crate) fn chromium_or_skip() -> Option<PathBuf> {
     let found = find_chromium();
     if found.is_none() {
         assert!(
@@ -44,7 +44,7 @@ fn find_chromium() -> Option<PathBuf> {
 
 /// Runs Chromium headless on `url` with `mode` (`--screenshot=...` or
 /// `--dump-dom`) and returns its stdout.
-async fn chromium(binary: &Path, url: &str, mode: &str) -> String {
+pub(crate) async fn chromium(binary: &Path, url: &str, mode: &str) -> String {
     let profile = tempfile::tempdir().unwrap();
     let output = Command::new(binary)
         .args([

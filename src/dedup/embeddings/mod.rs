@@ -232,7 +232,7 @@ fn batch_loader(
             // usage (Gemini's embeddings never carry one) is billed its request's size.
             let request_bytes = call.body.len();
             dedup.billed_or_estimated(
-                &bill,
+                &bill.answered_by(buffered.member.clone()),
                 usage,
                 || Usage::estimate(request_bytes, 0),
                 Estimated::Unreported,
