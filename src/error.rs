@@ -179,6 +179,14 @@ pub enum GatewayError {
     /// `/admin/*` while no admin key is configured: the admin API is off.
     #[error("the admin API is off: set auth.admin_keys or auth.admin_keys_env to turn it on")]
     AdminDisabled,
+    /// A protocol upgrade (a WebSocket dial, Codex's first try at
+    /// `/v1/responses`): corral speaks HTTP only and never forwards one. 426
+    /// makes Codex fall back to HTTP at once (any other status costs it
+    /// reconnects).
+    #[error(
+        "corral does not accept WebSocket or other protocol upgrades; send the request over HTTP (with `stream: true` to stream)"
+    )]
+    UpgradeRefused,
     /// Redis is configured but could not record a purge; nothing was purged.
     #[error(
         "the purge could not be recorded in Redis for the other instances; nothing was purged, retry"
@@ -256,6 +264,12 @@ impl GatewayError {
                 "invalid_request_error",
                 Some("unknown_url"),
                 "not_found_error",
+            ),
+            Self::UpgradeRefused => map(
+                S::UPGRADE_REQUIRED,
+                "invalid_request_error",
+                Some("websocket_not_supported"),
+                "invalid_request_error",
             ),
             Self::TooManyWaiters { .. } => map(
                 S::SERVICE_UNAVAILABLE,

@@ -14,7 +14,7 @@ use crate::{
     cache::{CacheStore, MemoryStore, TtlPolicy},
     clock::{Clock, SystemClock},
     cluster::TieredStore,
-    cluster::{Cluster, RedisBudgets, RedisLedger, RedisPurges},
+    cluster::{Cluster, RedisBudgets, RedisCooldowns, RedisLedger, RedisPurges},
     coalesce::{Coalescer, FailureMemory, FlightContext},
     config::Config,
     dedup::{Dedup, DedupParts, stream_log_limits, stream_silence},
@@ -260,12 +260,20 @@ impl AppState {
             tasks.clone(),
         );
         let routes = Arc::new(Routes::new(&config.upstreams));
-        let upstream = Arc::new(Upstream::guarded(
+        let mut upstream = Upstream::guarded(
             &config,
             metrics.clone(),
             clock.clone(),
             cut_upstream.clone(),
-        )?);
+        )?;
+        // With Redis, a cooldown one instance learns holds on every instance.
+        let cooldown_sharing = cluster.as_ref().and_then(|cluster| {
+            upstream.share_cooldowns(Arc::new(RedisCooldowns::new(cluster.clone())))
+        });
+        let upstream = Arc::new(upstream);
+        if let Some(sharing) = cooldown_sharing {
+            tokio::spawn(sharing.run(upstream.clone(), background.clone()));
+        }
         let auth = Arc::new(Auth::new(&config));
         let traces = Traces::start(&config.telemetry.otlp)?;
         let dedup = Arc::new(Dedup::new(

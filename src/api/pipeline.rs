@@ -175,6 +175,10 @@ where
         let serve = async move {
             let (mut response, decided) = if admitted {
                 match admit(&app, request).await {
+                    Ok(admitted) if is_upgrade(&admitted.parts.headers) => (
+                        GatewayError::UpgradeRefused.to_response_as(shape),
+                        Decided::default(),
+                    ),
                     Ok(Admitted {
                         mut parts,
                         body,
@@ -240,6 +244,28 @@ where
             Some(context) => Box::pin(serve.with_context(context)),
         }
     }
+}
+
+/// Whether the request asks to switch protocols (a WebSocket dial, or a
+/// `Connection: upgrade` to anything): refused with 426, never served or
+/// forwarded. After admission, so a dial without a gateway key still meets
+/// its 401. An `Upgrade: h2c` alone (`curl --http2` over plain HTTP) is not
+/// refused: it is ignored, as HTTP/2 lets a server do, and served over HTTP/1.1.
+fn is_upgrade(headers: &http::HeaderMap) -> bool {
+    let tokens = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+    };
+    let mut upgrades = tokens(http::header::UPGRADE).peekable();
+    if upgrades.peek().is_some() {
+        return upgrades.any(|protocol| !protocol.eq_ignore_ascii_case("h2c"));
+    }
+    tokens(http::header::CONNECTION).any(|option| option.eq_ignore_ascii_case("upgrade"))
 }
 
 /// How a request to a deduplicated endpoint was served, as its metrics and
@@ -518,5 +544,33 @@ mod tests {
         assert_eq!(endpoint_of("/v1/models"), None);
         assert_eq!(endpoint_of("/chat/completions"), None);
         assert_eq!(endpoint_of("/metrics"), None);
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    http::HeaderName::from_static(name),
+                    http::HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_websocket_dial_is_an_upgrade_and_h2c_alone_is_not() {
+        assert!(is_upgrade(&headers(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "WebSocket"),
+        ])));
+        assert!(is_upgrade(&headers(&[("connection", "upgrade")])));
+        assert!(is_upgrade(&headers(&[("upgrade", "h2c, websocket")])));
+        assert!(!is_upgrade(&headers(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+        ])));
+        assert!(!is_upgrade(&headers(&[("connection", "keep-alive")])));
+        assert!(!is_upgrade(&http::HeaderMap::new()));
     }
 }

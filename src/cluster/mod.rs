@@ -10,6 +10,7 @@
 mod announce;
 mod budget;
 mod connection;
+mod cooldown;
 mod keys;
 mod ledger;
 mod lock;
@@ -39,6 +40,7 @@ pub use announce::{AnnounceCounts, Interest};
 use announce::{Dispatch, Target, Wake, run_subscriber};
 pub use budget::{RedisBudgets, budget_key_prefix};
 use connection::LazyConn;
+pub use cooldown::{RedisCooldowns, cooldown_key};
 pub use keys::Keys;
 pub use ledger::{RedisLedger, ledger_key};
 pub use lock::{Lease, LockAttempt};

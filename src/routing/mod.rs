@@ -12,15 +12,18 @@
 //! - `cooldown.rs`: [`Cooldowns`], per quota bucket, and the one probe after.
 //! - `provider_wait.rs`: [`cooldown_from`], the wait the provider's answer names.
 //! - `pool.rs`: [`Pool`], members mapped to quota buckets, the two together.
+//! - `shared.rs`: [`CooldownStore`], where a fleet's instances share cooldowns.
 
 mod affinity;
 mod cooldown;
 mod pick;
 mod pool;
 mod provider_wait;
+mod shared;
 
 pub use affinity::affinity_key;
 pub use cooldown::{Admission, Cooldowns, LONGEST_COOLDOWN, Probe};
 pub use pick::{AffinityKey, MemberId, MemberSpec, order};
 pub use pool::Pool;
 pub use provider_wait::{LONGEST_PROVIDER_WAIT, cooldown_from, gemini_retry_delay, retry_after};
+pub use shared::{CooldownStore, CooldownsUnavailable, SharedCooldown};

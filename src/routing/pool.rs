@@ -77,6 +77,17 @@ impl Pool {
             .is_some_and(|&bucket| self.cooldowns.is_cooling(bucket))
     }
 
+    /// The quota bucket `member` cools with.
+    pub fn bucket_of(&self, member: usize) -> Option<usize> {
+        self.bucket_of.get(member).copied()
+    }
+
+    /// Cools `bucket` for `wait`, keeping a later deadline it has: how a
+    /// cooldown another instance learned is applied here.
+    pub fn cool_bucket(&self, bucket: usize, wait: Duration) {
+        self.cooldowns.cool(bucket, wait);
+    }
+
     /// Cools `member`'s quota bucket (every member sharing it) for `wait`.
     pub fn cool(&self, member: usize, wait: Duration) {
         if let Some(&bucket) = self.bucket_of.get(member) {

@@ -35,7 +35,7 @@ use crate::{
 #[derive(Debug)]
 pub struct Upstream {
     /// One pool per configured upstream, indexed like `config.upstreams`.
-    pools: Vec<Pool>,
+    pub(super) pools: Vec<Pool>,
     /// Cancelled when the shutdown drain times out: running calls end at once.
     cut: CancellationToken,
     retry: RetryConfig,

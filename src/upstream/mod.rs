@@ -7,8 +7,10 @@ mod client;
 mod pool;
 pub mod retry;
 mod route;
+mod shared_cooldowns;
 
 #[cfg(test)]
 pub(crate) use client::status_error;
 pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
 pub use route::Routes;
+pub use shared_cooldowns::{COOLDOWN_POLL_INTERVAL, CooldownSharing};

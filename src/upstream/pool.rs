@@ -13,7 +13,10 @@
 
 use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
-use super::breaker::{RetryBudget, UpstreamGuard};
+use super::{
+    breaker::{RetryBudget, UpstreamGuard},
+    shared_cooldowns::{Cooled, Publisher},
+};
 use axum::http::HeaderValue;
 
 use crate::{
@@ -22,7 +25,7 @@ use crate::{
     clock::Clock,
     config::{Affinity, Api, Config, Member, Secret, UpstreamConfig},
     error::GatewayError,
-    routing::{self, Admission, AffinityKey, MemberSpec},
+    routing::{self, Admission, AffinityKey, LONGEST_COOLDOWN, MemberSpec, SharedCooldown},
 };
 
 /// One member as the client calls it.
@@ -128,6 +131,12 @@ pub(super) struct Pool {
     affinity: Affinity,
     /// A member's pause after a 429 or overload that names no time.
     pub(super) cooldown: Duration,
+    /// Each quota bucket's name, as the fleet knows it (`routing::shared`).
+    buckets: Box<[Arc<str>]>,
+    /// Where this pool's cooldowns go for the rest of the fleet (Redis, a
+    /// pool of several); `None`: they stay here.
+    publisher: Option<Publisher>,
+    clock: Arc<dyn Clock>,
 }
 
 impl Pool {
@@ -160,6 +169,21 @@ impl Pool {
             .iter()
             .map(|member| Target::new(upstream, member, config, clock.clone()))
             .collect::<anyhow::Result<_>>()?;
+        let routing = routing::Pool::new(specs, clock.clone());
+        // Named by quota, or by the member that has a bucket of its own.
+        let mut buckets: Vec<Arc<str>> = Vec::new();
+        for (index, member) in members.iter().enumerate() {
+            let Some(bucket) = routing.bucket_of(index) else {
+                continue;
+            };
+            if buckets.len() <= bucket {
+                buckets.resize(bucket + 1, Arc::from(""));
+            }
+            buckets[bucket] = match &member.quota {
+                Some(quota) => format!("quota:{quota}").into(),
+                None => format!("member:{}", member.name).into(),
+            };
+        }
         Ok(Self {
             name: upstream.name.clone(),
             api: upstream.api,
@@ -169,9 +193,12 @@ impl Pool {
                 config.retry.budget_min_per_sec,
                 clock.clone(),
             ),
-            routing: routing::Pool::new(specs, clock),
+            routing,
             affinity: upstream.affinity,
             cooldown: upstream.cooldown,
+            buckets: buckets.into(),
+            publisher: None,
+            clock,
         })
     }
 
@@ -233,9 +260,55 @@ impl Pool {
 
     /// `member` pauses for `wait`, its quota bucket with it (only in a pool
     /// of several: a pool of one's callers meet the provider's 429 as before).
+    /// With Redis, the rest of the fleet learns it within a poll.
     pub(super) fn cool(&self, member: usize, wait: Duration) {
-        if self.is_shared() {
-            self.routing.cool(member, wait);
+        if !self.is_shared() {
+            return;
+        }
+        self.routing.cool(member, wait);
+        if let (Some(publisher), Some(bucket)) = (&self.publisher, self.routing.bucket_of(member)) {
+            let wait_ms = u64::try_from(wait.min(LONGEST_COOLDOWN).as_millis()).unwrap_or(0);
+            publisher.publish(Cooled {
+                bucket,
+                until_ms: self.clock.now_ms().saturating_add(wait_ms),
+            });
+        }
+    }
+
+    /// Wall-clock milliseconds now, by the pool's clock.
+    pub(super) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Its cooldowns go to `publisher` from now on.
+    pub(super) fn publish_to(&mut self, publisher: Publisher) {
+        self.publisher = Some(publisher);
+    }
+
+    /// The name the fleet knows `bucket` by.
+    pub(super) fn bucket_name(&self, bucket: usize) -> Option<&str> {
+        self.buckets.get(bucket).map(|name| &**name)
+    }
+
+    /// Applies the deadlines another instance learned: a bucket still
+    /// cooling (by this instance's wall clock) cools here until then, and a
+    /// later deadline this instance knows stands. An unknown bucket (another
+    /// instance's config) is skipped.
+    pub(super) fn apply_shared(&self, cooldowns: &[SharedCooldown]) {
+        let now_ms = self.clock.now_ms();
+        for cooldown in cooldowns {
+            let Some(bucket) = self
+                .buckets
+                .iter()
+                .position(|name| **name == *cooldown.bucket)
+            else {
+                continue;
+            };
+            let left = cooldown.until_ms.saturating_sub(now_ms);
+            if left > 0 {
+                self.routing
+                    .cool_bucket(bucket, Duration::from_millis(left));
+            }
         }
     }
 }
