@@ -14,6 +14,7 @@ mod keys;
 mod ledger;
 mod lock;
 mod mirror;
+mod pins;
 mod purge;
 mod tiered;
 
@@ -42,6 +43,7 @@ use connection::LazyConn;
 pub use keys::Keys;
 pub use ledger::{RedisLedger, ledger_key};
 pub use lock::{Lease, LockAttempt};
+pub use pins::{RedisPins, pin_key};
 pub use purge::{RedisPurges, purge_key};
 pub use tiered::TieredStore;
 

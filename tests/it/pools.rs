@@ -18,7 +18,7 @@ use crate::harness::{TestGateway, chat, streamed};
 const CHAT: &str = "/v1/chat/completions";
 
 /// A member at `base_url` with key `sk-member-{name}`.
-fn member(name: &str, base_url: String) -> MemberConfig {
+pub(crate) fn member(name: &str, base_url: String) -> MemberConfig {
     MemberConfig {
         name: name.into(),
         base_url: Some(base_url),
@@ -39,7 +39,7 @@ fn member(name: &str, base_url: String) -> MemberConfig {
 }
 
 /// Mocks, one per member.
-async fn mocks(n: usize) -> Vec<MockProvider> {
+pub(crate) async fn mocks(n: usize) -> Vec<MockProvider> {
     let mut mocks = Vec::new();
     for _ in 0..n {
         mocks.push(MockProvider::start(MockSettings::default()).await.unwrap());
@@ -48,7 +48,7 @@ async fn mocks(n: usize) -> Vec<MockProvider> {
 }
 
 /// The first upstream made a pool of `members`, failing over through all of them.
-fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: Affinity) {
+pub(crate) fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: Affinity) {
     let upstream = &mut config.upstreams[0];
     upstream.members = members;
     upstream.affinity = affinity;
