@@ -70,6 +70,7 @@ pub struct Passthrough<'a> {
 }
 
 impl<'a> Passthrough<'a> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         upstream: &'a Upstream,
         routes: &'a Routes,
