@@ -21,6 +21,7 @@ pub mod limits;
 pub mod memo;
 pub mod metrics;
 pub mod passthrough;
+pub mod pins;
 pub mod pricing;
 pub mod purge;
 pub mod request;

@@ -14,7 +14,7 @@ use crate::{
     cache::{CacheStore, MemoryStore, TtlPolicy},
     clock::{Clock, SystemClock},
     cluster::TieredStore,
-    cluster::{Cluster, RedisBudgets, RedisCooldowns, RedisLedger, RedisPurges},
+    cluster::{Cluster, RedisBudgets, RedisCooldowns, RedisLedger, RedisPins, RedisPurges},
     coalesce::{Coalescer, FailureMemory, FlightContext},
     config::Config,
     dedup::{Dedup, DedupParts, stream_log_limits, stream_silence},
@@ -22,6 +22,7 @@ use crate::{
     limits::Limits,
     metrics::Metrics,
     passthrough::{self, Passthrough, Policy},
+    pins::{PinStore, Pins},
     purge::{PurgeStore, Purges},
     retry_window::RetryWindow,
     traces::Traces,
@@ -59,6 +60,8 @@ pub struct AppState {
     ledger: Option<Arc<dyn LedgerStore>>,
     /// Purge generations: the key every answer is stored and read under.
     purges: Arc<Purges>,
+    /// Which pool member made each piece of provider state (`pins.rs`).
+    pins: Arc<Pins>,
     /// Cancelled as soon as shutdown begins: `/readyz` answers 503 from then on.
     draining: CancellationToken,
     /// Trace export (`telemetry.otlp`); `None`: off, nothing built, nothing paid.
@@ -93,6 +96,7 @@ impl AppState {
             &self.config.upstreams,
             self.config.coalesce.stream_stall_timeout,
             &self.cut_upstream,
+            &self.pins,
             passthrough::Billing {
                 budgets: &self.budgets,
                 metrics: &self.metrics,
@@ -222,6 +226,10 @@ impl AppState {
         if cluster.is_some() {
             tokio::spawn(purges.clone().run_poller(background.clone()));
         }
+        let pins = Arc::new(Pins::new(cluster.as_ref().map(|cluster| {
+            let store: Arc<dyn PinStore> = Arc::new(RedisPins::new(cluster.clone()));
+            store
+        })));
         let cache: Arc<dyn CacheStore> = match (&cluster, &config.redis) {
             (Some(cluster), Some(redis)) => Arc::new(TieredStore::new(
                 config.cache.max_bytes,
@@ -290,6 +298,7 @@ impl AppState {
                 clock: clock.clone(),
                 traced: traces.is_some(),
                 cut_upstream: cut_upstream.clone(),
+                pins: pins.clone(),
             },
         ));
         Ok(Self {
@@ -306,6 +315,7 @@ impl AppState {
             cluster,
             ledger,
             purges,
+            pins,
             draining: CancellationToken::new(),
             tasks,
             traces,

@@ -15,6 +15,7 @@ mod keys;
 mod ledger;
 mod lock;
 mod mirror;
+mod pins;
 mod purge;
 mod tiered;
 
@@ -44,6 +45,7 @@ pub use cooldown::{RedisCooldowns, cooldown_key};
 pub use keys::Keys;
 pub use ledger::{RedisLedger, ledger_key};
 pub use lock::{Lease, LockAttempt};
+pub use pins::{RedisPins, pin_key};
 pub use purge::{RedisPurges, purge_key};
 pub use tiered::TieredStore;
 

@@ -50,6 +50,7 @@ pub(super) async fn serve(
         request.wire,
         bill.clone(),
         retained_under,
+        dedup.pin_owners(request),
     );
     let served = dedup
         .coalescer

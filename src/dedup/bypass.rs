@@ -41,6 +41,12 @@ pub(super) async fn serve(
         dedup.may_call_upstream(bill).await?;
         let request_bytes = outbound.body.len();
         let buffered = dedup.upstream.call_buffered(&outbound, &bill.model).await?;
+        if buffered.status.is_success() {
+            let owners = dedup.pin_owners(request);
+            dedup
+                .pin_answer(owners.as_ref(), buffered.member.as_deref(), &buffered.body)
+                .await;
+        }
         let shared = shared_response(
             request.wire,
             buffered.status,

@@ -12,6 +12,7 @@ use super::{
     Dedup, RawRequest,
     bypass::answer_text_bytes,
     outbound_of,
+    pinning::PinOwners,
     respond::{MEMBER_HEADER, shared_response},
 };
 use crate::{
@@ -45,11 +46,20 @@ pub(super) fn parsing_loader(
         let key = key.clone();
         Box::pin(async move {
             let mut request = raw.parse(&dedup)?;
-            let outbound = outbound_of(&mut request);
+            let mut outbound = outbound_of(&mut request);
+            outbound.pin = dedup.pin_of(&request).await;
             let retained_under = dedup.own_retry_key(&request, &key);
+            let owners = dedup.pin_owners(&request);
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&dedup, &outbound, request.wire, &bill, retained_under),
+                call_upstream(
+                    &dedup,
+                    &outbound,
+                    request.wire,
+                    &bill,
+                    retained_under,
+                    owners.as_ref(),
+                ),
             )
             .await
         })
@@ -66,6 +76,7 @@ pub(super) fn stream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
     retained_under: Option<CacheKey>,
+    owners: Option<PinOwners>,
 ) -> Loader {
     let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
@@ -80,6 +91,7 @@ pub(super) fn stream_loader(
         let outbound = outbound.clone();
         let bill = billed_to(&bill, background);
         let retained_under = retained_under.clone();
+        let owners = owners.clone();
         let load = async move {
             let started = std::time::Instant::now();
             let upstream = dedup.upstream.name(outbound.upstream).to_owned();
@@ -89,7 +101,7 @@ pub(super) fn stream_loader(
                 .call_streaming_billed(&outbound, &bill.model)
                 .await?;
             // Its spend is the member's that answered.
-            let bill = Arc::new(bill.answered_by(member));
+            let bill = Arc::new(bill.answered_by(member.clone()));
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
             publisher.publish(log.clone());
@@ -174,6 +186,9 @@ pub(super) fn stream_loader(
                         reason: format!("the stream does not assemble: {err}"),
                     })?;
             let body = Bytes::from(assembled.to_string());
+            dedup
+                .pin_answer(owners.as_ref(), member.as_deref(), &body)
+                .await;
             Ok(Loaded {
                 cacheable: wire.is_complete(&body),
                 response: StoredResponse {
@@ -262,6 +277,7 @@ pub(super) fn upstream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
     retained_under: Option<CacheKey>,
+    owners: Option<PinOwners>,
 ) -> Loader {
     let sends = Sent::of(false, &outbound.body);
     let bill = Arc::new(bill);
@@ -271,10 +287,18 @@ pub(super) fn upstream_loader(
         let outbound = outbound.clone();
         let bill = billed_to(&bill, call.background);
         let retained_under = retained_under.clone();
+        let owners = owners.clone();
         Box::pin(async move {
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&dedup, &outbound, wire, &bill, retained_under),
+                call_upstream(
+                    &dedup,
+                    &outbound,
+                    wire,
+                    &bill,
+                    retained_under,
+                    owners.as_ref(),
+                ),
             )
             .await
         })
@@ -299,6 +323,7 @@ pub(super) async fn call_upstream(
     wire: &'static dyn Wire,
     bill: &Attribution,
     retained_under: Option<CacheKey>,
+    owners: Option<&PinOwners>,
 ) -> Result<Loaded, GatewayError> {
     dedup
         .may_call_upstream(bill)
@@ -310,6 +335,11 @@ pub(super) async fn call_upstream(
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let cacheable = wire.is_complete(&buffered.body);
+    if buffered.status.is_success() {
+        dedup
+            .pin_answer(owners, buffered.member.as_deref(), &buffered.body)
+            .await;
+    }
     let mut response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
     // The pool member that answered, for the caller to see (never a provider's
     // own `x-corral-*`: `shared_response` keeps only allowlisted headers).

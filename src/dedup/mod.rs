@@ -16,6 +16,7 @@ mod buffered;
 mod bypass;
 mod embeddings;
 mod loaders;
+mod pinning;
 mod remembered;
 mod respond;
 mod service;
@@ -198,7 +199,8 @@ impl Dedup {
         if self.traced {
             crate::traces::record_request(&request.model, &self.upstream_names[request.upstream]);
         }
-        let outbound = outbound_of(&mut request);
+        let mut outbound = outbound_of(&mut request);
+        outbound.pin = self.pin_of(&request).await;
         match Plan::of(&request) {
             Plan::Bypass => bypass::serve(&self, &request, outbound, &bill).await,
             Plan::Itemized => Ok(embeddings::serve(&self, &request, outbound, bill).await),

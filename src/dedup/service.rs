@@ -59,6 +59,8 @@ pub struct Dedup {
     /// Cancelled when the shutdown drain times out: running upstream calls end.
     pub(super) cut_upstream: CancellationToken,
     pub(super) stream_limits: LogLimits,
+    /// Which pool member made each stored response (`pins.rs`).
+    pub(super) pins: Arc<crate::pins::Pins>,
 }
 
 /// What `AppState` shares with the service: the parts other rooms use too.
@@ -74,6 +76,8 @@ pub struct DedupParts {
     pub clock: Arc<dyn Clock>,
     pub traced: bool,
     pub cut_upstream: CancellationToken,
+    /// Which pool member made each stored response (`pins.rs`).
+    pub pins: Arc<crate::pins::Pins>,
 }
 
 impl Dedup {
@@ -98,6 +102,7 @@ impl Dedup {
             clock: parts.clock,
             traced: parts.traced,
             cut_upstream: parts.cut_upstream,
+            pins: parts.pins,
         }
     }
 

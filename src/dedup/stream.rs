@@ -60,7 +60,15 @@ pub(super) async fn serve(
         })),
         None => {
             let retained_under = dedup.own_retry_key(&request, &key);
-            let loader = stream_loader(dedup.clone(), outbound, wire, bill.clone(), retained_under);
+            let owners = dedup.pin_owners(&request);
+            let loader = stream_loader(
+                dedup.clone(),
+                outbound,
+                wire,
+                bill.clone(),
+                retained_under,
+                owners,
+            );
             dedup
                 .coalescer
                 .answer(key, request.policy, loader, Some(format))

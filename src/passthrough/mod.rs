@@ -35,7 +35,7 @@ mod policy;
 mod relay;
 mod usage_scan;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +45,7 @@ pub use policy::{Policy, STATELESS};
 
 use crate::{
     config::UpstreamConfig,
+    pins::Pins,
     upstream::{Routes, Upstream},
 };
 
@@ -61,11 +62,15 @@ pub struct Passthrough<'a> {
     stream_stall_timeout: Duration,
     /// Cancelled when the shutdown drain times out: running bodies end.
     cut_upstream: &'a CancellationToken,
+    /// Which pool member made each file, batch, upload, vector store and
+    /// stored response: a path or body naming one goes there (`pins.rs`).
+    pins: &'a Arc<Pins>,
     /// The budgets and books a paid call is held to and booked in.
     billing: Billing<'a>,
 }
 
 impl<'a> Passthrough<'a> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         upstream: &'a Upstream,
         routes: &'a Routes,
@@ -73,6 +78,7 @@ impl<'a> Passthrough<'a> {
         upstreams: &'a [UpstreamConfig],
         stream_stall_timeout: Duration,
         cut_upstream: &'a CancellationToken,
+        pins: &'a Arc<Pins>,
         billing: Billing<'a>,
     ) -> Self {
         Self {
@@ -82,6 +88,7 @@ impl<'a> Passthrough<'a> {
             upstreams,
             stream_stall_timeout,
             cut_upstream,
+            pins,
             billing,
         }
     }

@@ -10,7 +10,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
-use futures::future::Either;
+use futures::{Stream, StreamExt as _, future::Either};
 use tokio::time::Instant;
 
 use super::{Passthrough, ProxyPath, paid::Caller};
@@ -19,6 +19,7 @@ use crate::{
     config::Api,
     error::{ErrorShape, GatewayError},
     metrics::Attribution,
+    pins::{self, CreatedId, Pins},
     request::KEYED_HEADERS,
     upstream::{Outbound, body},
 };
@@ -119,6 +120,16 @@ impl Passthrough<'_> {
         let bill = self
             .admit_paid(&method, &full_path, upstream, caller)
             .await?;
+        // In a pool, state stays with the account that made it: a path or
+        // body naming an id goes to its member, and what a POST creates is
+        // pinned to the member that created it.
+        let pooled = self.upstream.is_pool(upstream);
+        let creates = (pooled && method == Method::POST && pins::creates_state(&full_path))
+            .then(|| tenant.clone());
+        let pin = match pooled {
+            true => self.pin_named(tenant, upstream, &full_path, &body).await,
+            false => None,
+        };
         let outbound = Outbound {
             upstream,
             method,
@@ -128,9 +139,27 @@ impl Passthrough<'_> {
             authorization: forwarded_credential(&headers),
             body,
             affinity: None,
-            pin: None,
+            pin,
         };
-        self.relay(&outbound, bill).await
+        self.relay_pinning(&outbound, bill, creates).await
+    }
+
+    /// The member of `upstream`'s pool that made the state `path` (else a
+    /// JSON `body`: a batch's `input_file_id`, ...) names, for `tenant`.
+    async fn pin_named(
+        &self,
+        tenant: &str,
+        upstream: usize,
+        path: &str,
+        body: &Bytes,
+    ) -> Option<Arc<str>> {
+        let pool = self.upstream.name(upstream);
+        if let Some(id) = pins::id_in_path(path) {
+            return self.pins.member(tenant, pool, id).await;
+        }
+        let body = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+        let id = pins::id_in_body(&body)?;
+        self.pins.member(tenant, pool, id).await
     }
 
     /// Whether `upstream` is called with corral's own provider key, which
@@ -146,12 +175,24 @@ impl Passthrough<'_> {
         outbound: &Outbound,
         bill: Option<Attribution>,
     ) -> Result<Response, GatewayError> {
+        self.relay_pinning(outbound, bill, None).await
+    }
+
+    /// As `relay`; for a request that creates state (`creates`: its
+    /// tenant), the `id` of a 2xx JSON answer is pinned to the member that
+    /// made it once the answer has passed whole.
+    async fn relay_pinning(
+        &self,
+        outbound: &Outbound,
+        bill: Option<Attribution>,
+        creates: Option<Arc<str>>,
+    ) -> Result<Response, GatewayError> {
         // A credential goes only to the provider it belongs to.
         self.upstream
             .check_credential(outbound.upstream, outbound.authorization.as_ref())?;
         // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
         let started = Instant::now();
-        let upstream = self.upstream.call_streaming(outbound).await?;
+        let (upstream, member) = self.upstream.call_streaming_on(outbound).await?;
         let status = upstream.status();
         let shared_key = self.shares_a_key(outbound.upstream);
         let mut response_headers = HeaderMap::new();
@@ -190,6 +231,18 @@ impl Passthrough<'_> {
         let body = match bill {
             Some(bill) => Either::Left(self.booked(bill, json, body)),
             None => Either::Right(body),
+        };
+        let body = match (creates, member) {
+            (Some(tenant), Some(member)) if json && status.is_success() => {
+                let pin = CreatedPin {
+                    pins: self.pins.clone(),
+                    tenant,
+                    pool: self.upstream.name(outbound.upstream).to_owned(),
+                    member,
+                };
+                Either::Left(pin.pinning(body))
+            }
+            _ => Either::Right(body),
         };
         let mut response = (status, Body::from_stream(body)).into_response();
         response.headers_mut().extend(response_headers);
@@ -268,4 +321,43 @@ async fn multipart_model(content_type: &str, body: Bytes) -> Option<String> {
         }
     }
     None
+}
+
+/// The pin a created object's answer makes once it has passed whole.
+struct CreatedPin {
+    pins: Arc<Pins>,
+    tenant: Arc<str>,
+    pool: String,
+    member: Arc<str>,
+}
+
+impl CreatedPin {
+    /// `body` relayed as it comes, its `id` read as it passes (bounded:
+    /// `pins::CreatedId`) and pinned before the body ends, so the caller's
+    /// next request naming it finds the pin. A body that breaks pins nothing.
+    fn pinning<S, E>(self, body: S) -> impl Stream<Item = Result<Bytes, E>> + Send + 'static
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let state = (Box::pin(body), CreatedId::default(), self);
+        futures::stream::unfold(Some(state), |state| async move {
+            let (mut body, mut created, pin) = state?;
+            match body.next().await {
+                Some(Ok(chunk)) => {
+                    created.feed(&chunk);
+                    Some((Ok(chunk), Some((body, created, pin))))
+                }
+                Some(Err(err)) => Some((Err(err), None)),
+                None => {
+                    if let Some(id) = created.id() {
+                        pin.pins
+                            .record(&pin.tenant, &pin.pool, &id, &pin.member)
+                            .await;
+                    }
+                    None
+                }
+            }
+        })
+    }
 }

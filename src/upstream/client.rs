@@ -209,6 +209,12 @@ impl Upstream {
         &self.pools[upstream].name
     }
 
+    /// Whether `upstream` is a pool of several members (accounts), whose
+    /// state a call must follow to the member that made it (`pins.rs`).
+    pub fn is_pool(&self, upstream: usize) -> bool {
+        self.pools[upstream].is_shared()
+    }
+
     /// Refuses (401) a caller's credential that would be forwarded to
     /// `upstream` and has the form of another provider's key: a credential
     /// goes only to the provider it belongs to. An upstream with a key of its
@@ -546,6 +552,16 @@ impl Upstream {
         &self,
         outbound: &Outbound,
     ) -> Result<reqwest::Response, GatewayError> {
+        self.call_streaming_on(outbound)
+            .await
+            .map(|(response, _member)| response)
+    }
+
+    /// As `call_streaming`, with the pool member that answered.
+    pub async fn call_streaming_on(
+        &self,
+        outbound: &Outbound,
+    ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
         let read = is_safe(&outbound.method);
         let head = StreamHead {
             wait: if read {
@@ -560,9 +576,11 @@ impl Upstream {
                 Counted::FailuresButSlowness
             },
         };
-        let (result, _attempts, _member) = self.streaming_attempts(outbound, head).await;
+        let (result, _attempts, member) = self.streaming_attempts(outbound, head).await;
         let pool = &self.pools[outbound.upstream];
-        result.map_err(|err| name_timeout(err, &pool.name))
+        result
+            .map(|response| (response, member))
+            .map_err(|err| name_timeout(err, &pool.name))
     }
 
     async fn streaming_attempts(

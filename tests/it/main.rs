@@ -41,6 +41,7 @@ mod owners_bytes;
 mod places;
 mod pools;
 mod pools_cluster;
+mod pools_pins;
 mod pools_visible;
 mod pricing;
 mod protection;

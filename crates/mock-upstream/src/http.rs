@@ -34,6 +34,12 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response).fallback(not_found),
+        )
+        .route("/v1/files", post(create_file).fallback(not_found))
+        .route("/v1/files/{id}", get(read_file).fallback(not_found))
         .route("/v1/audio/transcriptions", post(transcriptions))
         .route("/v1/images/generations", post(image_generations))
         .route("/v1/models", get(models))
@@ -422,4 +428,35 @@ fn set_default(headers: &mut HeaderMap, name: &'static str, value: String) {
             headers.insert(name, value);
         }
     }
+}
+
+/// Ids of the files the mocks made, unique in the process (two mocks never
+/// make one id, as two provider accounts never do).
+static NEXT_FILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// `GET /v1/responses/{id}`: the stored response, as a provider keeps it. The mock keeps no
+/// store: an id of the form it makes (`resp_mock_...`) reads as a completed response (which
+/// mock was asked is the evidence), any other is OpenAI's 404.
+async fn stored_response(Path(id): Path<String>, request: Request) -> Response {
+    if !id.starts_with("resp_mock_") {
+        return not_found(request).await;
+    }
+    Json(json!({"id": id, "object": "response", "status": "completed", "output": []}))
+        .into_response()
+}
+
+/// `POST /v1/files`: a file object with an id no other mock makes (the upload is not kept).
+async fn create_file() -> Response {
+    let n = NEXT_FILE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Json(json!({
+        "id": format!("file-mock{n}"), "object": "file", "bytes": 0, "created_at": 0,
+        "filename": "upload.jsonl", "purpose": "batch", "status": "processed",
+    }))
+    .into_response()
+}
+
+/// `GET /v1/files/{id}`: the file object (any id reads as one).
+async fn read_file(Path(id): Path<String>) -> Response {
+    Json(json!({"id": id, "object": "file", "bytes": 0, "created_at": 0, "filename": "upload.jsonl", "purpose": "batch"}))
+        .into_response()
 }
