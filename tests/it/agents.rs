@@ -409,6 +409,100 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
     );
 }
 
+/// Issue 38: `codex exec` through a two-member pool: each run's turns stay on
+/// one member (Codex names its session in `prompt_cache_key`), and a
+/// WebSocket dial of `/v1/responses`, if the run makes one, is answered 426
+/// once (so Codex goes on over HTTP at once, with no reconnect attempts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_runs_stay_on_one_pool_member_over_http() {
+    let clients = NodeClients::get().await;
+    let members = [
+        MockProvider::start(MockSettings::default()).await.unwrap(),
+        MockProvider::start(MockSettings::default()).await.unwrap(),
+    ];
+    let gateway = TestGateway::start(|config| {
+        config.upstreams[0].members = ["a", "b"]
+            .iter()
+            .zip(&members)
+            .map(|(name, mock)| crate::pools::member(name, mock.base_url()))
+            .collect();
+    })
+    .await;
+    let tap = Tap::start(&gateway.url).await;
+    let scratch = Scratch::new();
+    let codex_home = scratch.home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    let template = std::fs::read_to_string(agents_dir().join("codex.config.toml")).unwrap();
+    // A provider that says it takes Responses over a WebSocket, as OpenAI's
+    // own does: Codex dials it first.
+    let config = template
+        .replace("BASE_URL", &format!("{}/v1", tap.url))
+        .replace(
+            "wire_api = \"responses\"",
+            "wire_api = \"responses\"\nsupports_websockets = true",
+        )
+        + "\n[features]\nresponses_websockets = true\n";
+    std::fs::write(codex_home.join("config.toml"), config).unwrap();
+    for prompt in [
+        "Say hello in one short sentence.",
+        "Say goodbye in one short sentence.",
+        "Say thanks in one short sentence.",
+    ] {
+        let before = members
+            .each_ref()
+            .map(|mock| mock.calls_to("/v1/responses"));
+        let mut command = clean_command(clients.node(), &scratch.home);
+        command
+            .arg(clients.codex())
+            .args([
+                "exec",
+                "--strict-config",
+                "--skip-git-repo-check",
+                "--ephemeral",
+                "--color",
+                "never",
+                prompt,
+            ])
+            .current_dir(&scratch.work)
+            .env("CODEX_HOME", &codex_home)
+            .env("CORRAL_TEST_KEY", "sk-codex-user");
+        run(command, CLIENT_TIMEOUT, "codex exec")
+            .await
+            .success("codex exec");
+        let after = members
+            .each_ref()
+            .map(|mock| mock.calls_to("/v1/responses"));
+        let turns = [after[0] - before[0], after[1] - before[1]];
+        let context = format!(
+            "turns by member {turns:?}; sent: {}",
+            describe(&tap.exchanges())
+        );
+        assert!(
+            turns.iter().sum::<u64>() >= 1,
+            "the run went upstream; {context}"
+        );
+        assert!(
+            turns.contains(&0),
+            "the run's turns on one member; {context}"
+        );
+    }
+    let dials: Vec<Exchange> = tap
+        .to("/v1/responses")
+        .into_iter()
+        .filter(|exchange| exchange.method == "GET")
+        .collect();
+    let context = format!(
+        "dials: {:?}",
+        dials.iter().map(Exchange::summary).collect::<Vec<_>>()
+    );
+    assert_eq!(dials.len(), 3, "one dial per run, no reconnects; {context}");
+    assert!(
+        dials.iter().all(|dial| dial.summary().contains("426")),
+        "every dial answered 426; {context}"
+    );
+    assert_eq!(gateway.provider.calls(), 0, "the pool's members answered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_sdk_runs_for_two_users_share_each_step() {
     let python = PythonClients::get().await;
