@@ -433,3 +433,84 @@ async fn a_pools_answers_outlive_a_change_of_its_members() {
     assert_eq!(reply.cache(), "HIT", "{:?}", reply.headers);
     assert_eq!(a.calls() + b.calls() + c.calls(), 1);
 }
+
+/// Anthropic's session naming, `metadata.user_id`, keeps a session on one
+/// member of a Messages pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_user_id_keeps_its_session_on_one_member() {
+    let [a, b] = <[MockProvider; 2]>::try_from(mocks(2).await).ok().unwrap();
+    let gateway = TestGateway::start(|config| {
+        let mut anthropic = config.upstreams[0].clone();
+        anthropic.name = "claude".into();
+        anthropic.api = corral::config::Api::Anthropic;
+        anthropic.models = vec!["claude-*".into()];
+        anthropic.members = vec![member("a", a.base_url()), member("b", b.base_url())];
+        config.upstreams.push(anthropic);
+    })
+    .await;
+    for user in ["user_1_session_x", "user_2_session_y"] {
+        let mut seen = std::collections::BTreeSet::new();
+        for turn in 0..30 {
+            let body = json!({
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 64,
+                "temperature": 0,
+                "metadata": {"user_id": user},
+                "messages": [{"role": "user", "content": format!("{user} turn {turn}")}],
+            });
+            let reply = gateway
+                .post_with("/v1/messages", &body, &[("x-api-key", "sk-ant-caller")])
+                .await;
+            assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+            seen.insert(reply.header("x-corral-member").unwrap_or("-").to_owned());
+        }
+        assert_eq!(seen.len(), 1, "{user}: one member: {seen:?}");
+    }
+}
+
+/// A 429 that says `Retry-After: 7` pauses its member 7 s; one that names no
+/// time pauses it for the pool's `cooldown` (here 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_and_a_bare_429_set_their_pauses() {
+    let [a, b] = <[MockProvider; 2]>::try_from(mocks(2).await).ok().unwrap();
+    let gateway = TestGateway::start(|config| {
+        let mut spare = member("b", b.base_url());
+        spare.priority = 1;
+        pooled(
+            config,
+            vec![member("a", a.base_url()), spare],
+            Affinity::None,
+        );
+        config.upstreams[0].cooldown = Duration::from_secs(2);
+    })
+    .await;
+    let limited = |headers: Vec<(String, String)>| Scripted {
+        status: 429,
+        headers,
+        body: json!({"error": {"message": "slow down", "type": "requests", "code": null}})
+            .to_string(),
+    };
+    // Ten distinct calls: on `a` unless it cools (then on the spare `b`).
+    async fn ten_calls(gateway: &TestGateway, tag: &str) {
+        for i in 0..10 {
+            let reply = gateway.post(CHAT, &chat(&format!("{tag} {i}"))).await;
+            assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+        }
+    }
+    a.push_script(limited(vec![("retry-after".into(), "7".into())]));
+    ten_calls(&gateway, "retry-after").await;
+    assert_eq!(a.calls(), 1, "paused after its 429");
+    gateway.clock.advance(Duration::from_secs(6));
+    ten_calls(&gateway, "six seconds").await;
+    assert_eq!(a.calls(), 1, "still within its 7 s");
+    gateway.clock.advance(Duration::from_millis(1001));
+    ten_calls(&gateway, "seven seconds").await;
+    assert_eq!(a.calls(), 11, "back after 7 s: every call on a");
+    // A bare 429: the pool's 2 s.
+    a.push_script(limited(Vec::new()));
+    ten_calls(&gateway, "bare").await;
+    assert_eq!(a.calls(), 12);
+    gateway.clock.advance(Duration::from_millis(2001));
+    ten_calls(&gateway, "after the pool's cooldown").await;
+    assert_eq!(a.calls(), 22, "back after the pool's 2 s");
+}
