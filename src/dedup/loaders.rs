@@ -1,7 +1,9 @@
 //! The upstream calls a flight makes: buffered, streamed (publishing the
 //! live log as the stream begins), and parsed on demand for a request the
 //! memo answered. Each says what it sends (`Loader::sends`) and honours the
-//! flight's attempt cap (`FlightCall::max_attempts`).
+//! flight's attempt cap (`FlightCall::max_attempts`). A call its pool could
+//! not answer before its first byte goes on to the pool's fallbacks
+//! (`fallback.rs`), whose answer is stored under their key.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use bytes::Bytes;
 use super::{
     Dedup, RawRequest,
     bypass::answer_text_bytes,
+    fallback::{Fallbacks, pool_could_not_answer},
     outbound_of,
     respond::{MEMBER_HEADER, shared_response},
 };
@@ -41,15 +44,24 @@ pub(super) fn parsing_loader(
     Loader::new(sends, move |call: FlightCall| {
         let dedup = dedup.clone();
         let raw = raw.clone();
+        let tenant = bill.tenant.clone();
         let bill = billed_to(&bill, call.background);
         let key = key.clone();
         Box::pin(async move {
             let mut request = raw.parse(&dedup)?;
+            let fallbacks = Fallbacks::of(&dedup, request.upstream, &raw, &tenant);
             let outbound = outbound_of(&mut request);
             let retained_under = dedup.own_retry_key(&request, &key);
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&dedup, &outbound, request.wire, &bill, retained_under),
+                call_upstream(
+                    &dedup,
+                    &outbound,
+                    request.wire,
+                    &bill,
+                    retained_under,
+                    fallbacks.as_deref(),
+                ),
             )
             .await
         })
@@ -66,6 +78,7 @@ pub(super) fn stream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
     retained_under: Option<CacheKey>,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Loader {
     let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
@@ -80,14 +93,28 @@ pub(super) fn stream_loader(
         let outbound = outbound.clone();
         let bill = billed_to(&bill, background);
         let retained_under = retained_under.clone();
+        let fallbacks = fallbacks.clone();
         let load = async move {
             let started = std::time::Instant::now();
-            let upstream = dedup.upstream.name(outbound.upstream).to_owned();
             dedup.may_call_upstream(&bill).await?;
-            let response = dedup
+            // Before anything is published, a call its pool could not answer
+            // goes on to the fallbacks: what follows is the answering one's.
+            let (response, outbound, bill, stored_under) = match dedup
                 .upstream
                 .call_streaming_billed(&outbound, &bill.model)
-                .await?;
+                .await
+            {
+                Ok(response) => (response, outbound, bill, None),
+                Err(error) => match fallbacks.as_deref() {
+                    Some(fallbacks) if pool_could_not_answer(&error) => {
+                        stream_fallback(&dedup, fallbacks, outbound.upstream, &bill, wire, error)
+                            .await?
+                    }
+                    _ => return Err(error),
+                },
+            };
+            let retained_under = retained_under.filter(|_| stored_under.is_none());
+            let upstream = dedup.upstream.name(outbound.upstream).to_owned();
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
             publisher.publish(log.clone());
@@ -186,6 +213,7 @@ pub(super) fn stream_loader(
                 compute_time: started.elapsed(),
                 events: summary.events,
                 retained_under,
+                stored_under,
             })
         };
         // A flight's error reaches every follower (through Redis too) in its API's shape.
@@ -195,6 +223,51 @@ pub(super) fn stream_loader(
                 .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
         })
     })
+}
+
+/// The streamed call of a flight whose pool could not start it (`error`),
+/// sent on to each of the pool's fallbacks in turn until one starts: its
+/// response, what it sent, its bill, and the key its answer is stored
+/// under. None starting: the last failure.
+async fn stream_fallback(
+    dedup: &Dedup,
+    fallbacks: &Fallbacks,
+    from: usize,
+    bill: &Attribution,
+    wire: &'static dyn Wire,
+    mut error: GatewayError,
+) -> Result<
+    (
+        reqwest::Response,
+        Arc<Outbound>,
+        Arc<Attribution>,
+        Option<CacheKey>,
+    ),
+    GatewayError,
+> {
+    for mut target in fallbacks.targets(dedup, bill, from) {
+        // As `stream::serve` sends the primary's: always streamed, with usage.
+        target.outbound.body = wire.stream_request(&target.request.body).body;
+        super::add_stream_query(&mut target.outbound.query, wire);
+        dedup.may_call_upstream(&target.bill).await?;
+        match dedup
+            .upstream
+            .call_streaming_billed(&target.outbound, &target.bill.model)
+            .await
+        {
+            Ok(response) => {
+                return Ok((
+                    response,
+                    Arc::new(target.outbound),
+                    Arc::new(target.bill),
+                    Some(target.key),
+                ));
+            }
+            Err(next) if pool_could_not_answer(&next) => error = next,
+            Err(next) => return Err(next),
+        }
+    }
+    Err(error)
 }
 
 /// Bills a streamed call that did not complete (`reason`): the usage its
@@ -260,6 +333,7 @@ pub(super) fn upstream_loader(
     wire: &'static dyn Wire,
     bill: Attribution,
     retained_under: Option<CacheKey>,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Loader {
     let sends = Sent::of(false, &outbound.body);
     let bill = Arc::new(bill);
@@ -269,10 +343,18 @@ pub(super) fn upstream_loader(
         let outbound = outbound.clone();
         let bill = billed_to(&bill, call.background);
         let retained_under = retained_under.clone();
+        let fallbacks = fallbacks.clone();
         Box::pin(async move {
             retry::at_most(
                 call.max_attempts,
-                call_upstream(&dedup, &outbound, wire, &bill, retained_under),
+                call_upstream(
+                    &dedup,
+                    &outbound,
+                    wire,
+                    &bill,
+                    retained_under,
+                    fallbacks.as_deref(),
+                ),
             )
             .await
         })
@@ -290,8 +372,41 @@ pub(super) fn billed_to(bill: &Arc<Attribution>, background: bool) -> Arc<Attrib
     }
 }
 
-/// One buffered upstream call, counted once whoever waits on it.
+/// One buffered upstream call, counted once whoever waits on it; one its
+/// pool could not answer goes on to each of `fallbacks` in turn, and the
+/// first that answers is stored under its own key.
 pub(super) async fn call_upstream(
+    dedup: &Dedup,
+    outbound: &Outbound,
+    wire: &'static dyn Wire,
+    bill: &Attribution,
+    retained_under: Option<CacheKey>,
+    fallbacks: Option<&Fallbacks>,
+) -> Result<Loaded, GatewayError> {
+    let mut error = match call_pool(dedup, outbound, wire, bill, retained_under).await {
+        Err(error) if fallbacks.is_some() && pool_could_not_answer(&error) => error,
+        answered => return answered,
+    };
+    for target in fallbacks
+        .into_iter()
+        .flat_map(|fallbacks| fallbacks.targets(dedup, bill, outbound.upstream))
+    {
+        match call_pool(dedup, &target.outbound, wire, &target.bill, None).await {
+            Ok(loaded) => {
+                return Ok(Loaded {
+                    stored_under: Some(target.key),
+                    ..loaded
+                });
+            }
+            Err(next) if pool_could_not_answer(&next) => error = next,
+            Err(next) => return Err(next),
+        }
+    }
+    Err(error)
+}
+
+/// One buffered call to one pool.
+async fn call_pool(
     dedup: &Dedup,
     outbound: &Outbound,
     wire: &'static dyn Wire,
@@ -329,5 +444,6 @@ pub(super) async fn call_upstream(
         compute_time: buffered.elapsed,
         events: Vec::new(),
         retained_under,
+        stored_under: None,
     })
 }

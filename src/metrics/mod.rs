@@ -113,6 +113,17 @@ struct UpstreamLabels {
     upstream: String,
 }
 
+/// `corral_failovers_total`: a call moved on from one place to another
+/// (`reason="fallback"`: from a pool to its fallback's); every label
+/// comes from the config.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailoverLabels {
+    upstream: String,
+    from: String,
+    to: String,
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TokenLabels {
     model: Arc<str>,
@@ -271,6 +282,7 @@ struct Inner {
     budget_usd: Family<BudgetLabels, UsdGauge>,
     budget_spent_usd: Family<BudgetLabels, UsdGauge>,
     usage_estimated: Family<EstimatedLabels, Counter>,
+    failovers: Family<FailoverLabels, Counter>,
     history: Mutex<History>,
 }
 
@@ -378,6 +390,12 @@ impl Metrics {
             "Upstream calls billed an estimate because their usage stayed unknown (a broken or abandoned stream, an answer without usage): request bytes / 4 as input, relayed text bytes / 4 as output",
             usage_estimated.clone(),
         );
+        let failovers = Family::<FailoverLabels, Counter>::default();
+        registry.register(
+            "corral_failovers",
+            "Calls moved on before their first byte reached a caller, by upstream, from, to and reason (fallback: from a pool none of whose members could answer to its fallback model's upstream)",
+            failovers.clone(),
+        );
         let redis_errors = Counter::default();
         registry.register(
             "corral_redis_errors",
@@ -433,6 +451,7 @@ impl Metrics {
                 budget_usd,
                 budget_spent_usd,
                 usage_estimated,
+                failovers,
                 history: Mutex::new(History::new(started_at_ms)),
             }),
         }
@@ -481,6 +500,20 @@ impl Metrics {
         series.count.inc();
         series.duration.observe(elapsed.as_secs_f64());
         series.booked.add(1);
+    }
+
+    /// A call moved on from `from` to `to` of `upstream` for `reason`
+    /// (`fallback`: from the pool `upstream` to its fallback's upstream).
+    pub fn failover(&self, upstream: &str, from: &str, to: &str, reason: &'static str) {
+        self.inner
+            .failovers
+            .get_or_create(&FailoverLabels {
+                upstream: upstream.to_owned(),
+                from: from.to_owned(),
+                to: to.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     /// One upstream call, all its attempts together: `status` is the final

@@ -39,6 +39,7 @@ mod own_controls;
 mod owners_bytes;
 mod places;
 mod pools;
+mod pools_fallback;
 mod pricing;
 mod protection;
 mod provider_rules;

@@ -18,7 +18,7 @@ use crate::harness::{TestGateway, chat, streamed};
 const CHAT: &str = "/v1/chat/completions";
 
 /// A member at `base_url` with key `sk-member-{name}`.
-fn member(name: &str, base_url: String) -> MemberConfig {
+pub(crate) fn member(name: &str, base_url: String) -> MemberConfig {
     MemberConfig {
         name: name.into(),
         base_url: Some(base_url),
@@ -39,7 +39,7 @@ fn member(name: &str, base_url: String) -> MemberConfig {
 }
 
 /// Mocks, one per member.
-async fn mocks(n: usize) -> Vec<MockProvider> {
+pub(crate) async fn mocks(n: usize) -> Vec<MockProvider> {
     let mut mocks = Vec::new();
     for _ in 0..n {
         mocks.push(MockProvider::start(MockSettings::default()).await.unwrap());
@@ -48,7 +48,7 @@ async fn mocks(n: usize) -> Vec<MockProvider> {
 }
 
 /// The first upstream made a pool of `members`, failing over through all of them.
-fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: Affinity) {
+pub(crate) fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: Affinity) {
     let upstream = &mut config.upstreams[0];
     upstream.members = members;
     upstream.affinity = affinity;
@@ -57,7 +57,7 @@ fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: Affinity) {
 
 /// `n` identical callers, held at the members until all of them wait on
 /// the one flight.
-async fn herd_on(
+pub(crate) async fn herd_on(
     gateway: &TestGateway,
     members: &[&MockProvider],
     body: &Value,
@@ -71,7 +71,7 @@ async fn herd_on(
 }
 
 /// A base URL where nothing listens.
-async fn closed_port() -> String {
+pub(crate) async fn closed_port() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -79,7 +79,7 @@ async fn closed_port() -> String {
 }
 
 /// Which member (by key) each mock's calls carried.
-fn keys_seen(mock: &MockProvider) -> Vec<String> {
+pub(crate) fn keys_seen(mock: &MockProvider) -> Vec<String> {
     mock.requests()
         .iter()
         .map(|request| request.header("authorization").unwrap_or("-").to_owned())
