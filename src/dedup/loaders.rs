@@ -5,7 +5,10 @@
 //! not answer before its first byte goes on to the pool's fallbacks
 //! (`fallback.rs`), whose answer is stored under their key.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
@@ -24,7 +27,7 @@ use crate::{
     fingerprint::{CacheKey, Sent},
     metrics::Attribution,
     sse::{self, Format, StreamLog},
-    upstream::{Outbound, retry},
+    upstream::{FirstEventCheck, Outbound, retry},
     usage::{Estimated, Usage, text_bytes},
     wire::Wire,
 };
@@ -97,27 +100,56 @@ pub(super) fn stream_loader(
         let load = async move {
             let started = std::time::Instant::now();
             dedup.may_call_upstream(&bill).await?;
-            // Before anything is published, a call its pool could not answer
+            let (log, writer) =
+                StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
+            // The live log is shown at the first 2xx head (its callers get
+            // their head and keep-alives while the model thinks); its first
+            // event is read inside the attempt, so a stream the provider
+            // failed before it is retried or failed over, for every caller.
+            let published = AtomicBool::new(false);
+            let on_head = || {
+                if !published.swap(true, Ordering::AcqRel) {
+                    publisher.publish(log.clone());
+                }
+            };
+            let first_event = FirstEventCheck {
+                format: wire.stream_format(),
+                on_head: &on_head,
+            };
+            // Before any event is relayed, a call its pool could not answer
             // goes on to the fallbacks: what follows is the answering one's.
-            let (response, outbound, bill, stored_under) = match dedup
+            let called = match dedup
                 .upstream
-                .call_streaming_billed(&outbound, &bill.model)
+                .call_event_stream(&outbound, &bill.model, first_event)
                 .await
             {
-                Ok(response) => (response, outbound, bill, None),
+                Ok(response) => Ok((response, outbound, bill, None)),
                 Err(error) => match fallbacks.as_deref() {
                     Some(fallbacks) if pool_could_not_answer(&error) => {
-                        stream_fallback(&dedup, fallbacks, outbound.upstream, &bill, wire, error)
-                            .await?
+                        stream_fallback(
+                            &dedup,
+                            fallbacks,
+                            outbound.upstream,
+                            &bill,
+                            wire,
+                            first_event,
+                            error,
+                        )
+                        .await
                     }
-                    _ => return Err(error),
+                    _ => Err(error),
                 },
+            };
+            let (response, outbound, bill, stored_under) = match called {
+                Ok(called) => called,
+                Err(error) => {
+                    // Readers of a log shown at a head get the error as its end.
+                    writer.fail_with(&error.to_string());
+                    return Err(error);
+                }
             };
             let retained_under = retained_under.filter(|_| stored_under.is_none());
             let upstream = dedup.upstream.name(outbound.upstream).to_owned();
-            let (log, writer) =
-                StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
-            publisher.publish(log.clone());
             let silence = dedup.stream_silence();
             // `request_timeout` bounds the whole flight, headers and every event:
             // past it, every reader gets an error event, the flight ends (its
@@ -235,6 +267,7 @@ async fn stream_fallback(
     from: usize,
     bill: &Attribution,
     wire: &'static dyn Wire,
+    first_event: FirstEventCheck<'_>,
     mut error: GatewayError,
 ) -> Result<
     (
@@ -252,7 +285,7 @@ async fn stream_fallback(
         dedup.may_call_upstream(&target.bill).await?;
         match dedup
             .upstream
-            .call_streaming_billed(&target.outbound, &target.bill.model)
+            .call_event_stream(&target.outbound, &target.bill.model, first_event)
             .await
         {
             Ok(response) => {

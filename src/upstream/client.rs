@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     breaker::is_upstream_failure,
+    first_event::{FirstEvent, read_first_event},
     pool::{Pool, Target, Walk},
     retry::{self, AttemptError},
 };
@@ -29,6 +30,7 @@ use crate::{
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
     routing::{self, Admission, Probe},
+    sse::Format,
     traces,
 };
 
@@ -165,12 +167,30 @@ enum HeadWait {
 }
 
 /// How a streamed call's head is awaited and judged.
-#[derive(Debug, Clone, Copy)]
-struct StreamHead {
+#[derive(Clone, Copy)]
+struct StreamHead<'a> {
     wait: HeadWait,
     /// Whether a retryable status is retried at all.
     retry_statuses: bool,
     counted: Counted,
+    /// A deduplicated stream's: its first event is read inside the attempt.
+    first_event: Option<FirstEventCheck<'a>>,
+}
+
+/// A deduplicated stream's first event, read inside each attempt: one that
+/// is the provider's failure (`overloaded_error`, `response.failed`, an
+/// error chunk) reached no caller, so it fails the attempt like the status
+/// it names, and a retryable one is retried or failed over
+/// (`first_event.rs`).
+#[derive(Clone, Copy)]
+pub struct FirstEventCheck<'a> {
+    /// The stream's API format, which says which event fails it.
+    pub format: Format,
+    /// Called at each member's 2xx head, before its first event is read:
+    /// the flight shows its live log then (its callers get their response
+    /// head and keep-alives while a model thinks); it may be called again
+    /// when a failed first event moves the call on.
+    pub on_head: &'a (dyn Fn() + Sync),
 }
 
 impl Upstream {
@@ -470,11 +490,34 @@ impl Upstream {
         outbound: &Outbound,
         model: &ModelLabel,
     ) -> Result<reqwest::Response, GatewayError> {
+        self.streaming_billed(outbound, model, None).await
+    }
+
+    /// As `call_streaming_billed`, for a deduplicated stream whose first
+    /// event is read inside each attempt ([`FirstEventCheck`]): a stream the
+    /// provider failed before its first event is a failed attempt.
+    pub async fn call_event_stream(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+        first_event: FirstEventCheck<'_>,
+    ) -> Result<reqwest::Response, GatewayError> {
+        self.streaming_billed(outbound, model, Some(first_event))
+            .await
+    }
+
+    async fn streaming_billed(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+        first_event: Option<FirstEventCheck<'_>>,
+    ) -> Result<reqwest::Response, GatewayError> {
         let started = Instant::now();
         let head = StreamHead {
             wait: HeadWait::FirstEvent,
             retry_statuses: true,
             counted: Counted::Failures,
+            first_event,
         };
         let (result, attempts, _member) = self.streaming_attempts(outbound, head).await;
         let code = result.as_ref().map(reqwest::Response::status);
@@ -517,6 +560,7 @@ impl Upstream {
             } else {
                 Counted::FailuresButSlowness
             },
+            first_event: None,
         };
         let (result, _attempts, _member) = self.streaming_attempts(outbound, head).await;
         let pool = &self.pools[outbound.upstream];
@@ -526,7 +570,7 @@ impl Upstream {
     async fn streaming_attempts(
         &self,
         outbound: &Outbound,
-        head: StreamHead,
+        head: StreamHead<'_>,
     ) -> (
         Result<reqwest::Response, GatewayError>,
         usize,
@@ -539,10 +583,43 @@ impl Upstream {
                 HeadWait::FirstEvent => target.stream_head_timeout,
                 HeadWait::WholeJob => target.request_timeout,
             };
+            let sent_at = tokio::time::Instant::now();
             let response = self.send_once(outbound, target, Wait::Head(wait)).await?;
             let status = response.status();
             if status.is_success() {
-                return Ok(response);
+                let Some(first_event) = head.first_event else {
+                    return Ok(response);
+                };
+                (first_event.on_head)();
+                let read = read_first_event(
+                    response,
+                    first_event.format,
+                    self.max_response_bytes,
+                    sent_at + wait,
+                )
+                .await;
+                return match read {
+                    FirstEvent::Relay(response) => Ok(response),
+                    FirstEvent::Failed {
+                        status,
+                        body,
+                        response,
+                    } => {
+                        let mut headers = HeaderMap::new();
+                        headers.insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        let failed = status_error(target.api, status, &headers, body);
+                        // Not retried (the request's own fault): relayed as
+                        // it came, the provider's error event to every reader.
+                        if failed.retryable {
+                            Err(failed)
+                        } else {
+                            Ok(response)
+                        }
+                    }
+                };
             }
             let headers = response.headers().clone();
             let body = self

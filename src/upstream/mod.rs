@@ -4,11 +4,12 @@
 pub mod body;
 pub mod breaker;
 mod client;
+mod first_event;
 mod pool;
 pub mod retry;
 mod route;
 
 #[cfg(test)]
 pub(crate) use client::status_error;
-pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
+pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, FirstEventCheck, Outbound, Upstream};
 pub use route::Routes;

@@ -40,6 +40,7 @@ mod owners_bytes;
 mod places;
 mod pools;
 mod pools_fallback;
+mod pools_first_event;
 mod pricing;
 mod protection;
 mod provider_rules;
