@@ -600,6 +600,14 @@ impl Upstream {
                 .await;
                 return match read {
                     FirstEvent::Relay(response) => Ok(response),
+                    // As a head that never came: the provider may be computing
+                    // it, so it moves on only when it may be sent twice.
+                    FirstEvent::Silent => Err(AttemptError::when(
+                        self.retry.resend_sent_requests,
+                        GatewayError::UpstreamTimeout {
+                            upstream: target.name.clone(),
+                        },
+                    )),
                     FirstEvent::Failed {
                         status,
                         body,

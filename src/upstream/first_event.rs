@@ -27,12 +27,15 @@ pub(super) enum FirstEvent {
         body: Bytes,
         response: reqwest::Response,
     },
+    /// No event before the deadline: the stream's first-event bound, spent
+    /// here rather than again by the relay.
+    Silent,
 }
 
 /// Reads `response`'s body up to its first event (a block with data that
 /// `format` does not skip), at most `max_bytes` and until `deadline`. A body
-/// that ends, breaks, outgrows the bound or stays silent first is handed on
-/// as it is: the relay reports it as the broken stream it is.
+/// that ends, breaks or outgrows the bound first is handed on as it is: the
+/// relay reports it as the broken stream it is.
 pub(super) async fn read_first_event(
     mut response: reqwest::Response,
     format: Format,
@@ -70,8 +73,9 @@ pub(super) async fn read_first_event(
                 joined.extend_from_slice(&chunk);
                 read.push(chunk);
             }
-            // Ended, broken or silent: the relay says so to every reader.
-            Ok(Ok(None) | Err(_)) | Err(_) => return FirstEvent::Relay(rebuilt(response, read)),
+            // Ended or broken: the relay says so to every reader.
+            Ok(Ok(None) | Err(_)) => return FirstEvent::Relay(rebuilt(response, read)),
+            Err(_) => return FirstEvent::Silent,
         }
     }
 }
