@@ -59,6 +59,10 @@ pub struct Loaded {
     /// key: under a cache every tenant shares, the owner's own key (another
     /// tenant's retry never receives this tenant's sample).
     pub retained_under: Option<CacheKey>,
+    /// Where the cache stores the answer when it is not under the flight's
+    /// key: a fallback model's answer (`upstreams[].fallback`) lives only
+    /// under the key a request naming that model has, never the primary's.
+    pub stored_under: Option<CacheKey>,
 }
 
 /// Runs the upstream call for a flight. It may run more than once (a new owner
@@ -590,6 +594,7 @@ async fn load_and_store(
     let response = Arc::new(loaded.response);
     let mut stored = false;
     let (cacheable, compute_time, events) = (loaded.cacheable, loaded.compute_time, loaded.events);
+    let stored_under = loaded.stored_under.as_ref().unwrap_or(key);
     if policy.write && cacheable {
         let now = context.clock.now_ms();
         let (soft, hard) = context.ttl.expiries(now, &mut rand::rng());
@@ -602,7 +607,7 @@ async fn load_and_store(
         };
         // One huge answer must not evict thousands of ordinary ones.
         if entry_weight(&entry) <= context.max_entry_bytes {
-            context.cache.put(key, Arc::new(entry)).await;
+            context.cache.put(stored_under, Arc::new(entry)).await;
             stored = true;
         } else {
             tracing::info!(
@@ -615,9 +620,11 @@ async fn load_and_store(
     // Every other complete answer (sampled, or not stored by policy) waits
     // for the client's retries, before the outcome is published. One the
     // cache stored answers them from there (a HIT), so it is not kept twice.
+    // A fallback model's answer is kept under no key of the primary's.
     if let Some(window) = &context.retry_window
         && cacheable
         && !stored
+        && loaded.stored_under.is_none()
         && response.status.is_success()
     {
         let retained_under = loaded.retained_under.as_ref().unwrap_or(key);

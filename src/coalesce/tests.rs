@@ -92,6 +92,7 @@ fn counting(calls: &Arc<AtomicUsize>) -> Loader {
                 compute_time: Duration::from_millis(5),
                 events: Vec::new(),
                 retained_under: None,
+                stored_under: None,
             })
         })
     })

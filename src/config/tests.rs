@@ -700,3 +700,26 @@ fn fix_lists(tree: &mut Value, setting: &super::env::Setting) {
         Setting::Value => {}
     }
 }
+
+#[test]
+fn a_fallback_names_another_upstreams_model() {
+    let config = |primary: &str, mini: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nupstreams:\n  - {{name: gpt, base_url: 'http://127.0.0.1:1/v1', models: ['gpt-4o*'], fallback: [{primary}]}}\n  - {{name: mini, base_url: 'http://127.0.0.1:2/v1', models: ['gpt-mini'], fallback: [{mini}]}}\n  - {{name: claude, api: anthropic, base_url: 'http://127.0.0.1:3/v1', models: ['claude-*']}}\n"
+        )
+    };
+    let loaded = Config::load(&config("gpt-mini", "gpt-4o"), []).unwrap();
+    assert_eq!(loaded.upstreams[0].fallback, ["gpt-mini"]);
+    let refused = |yaml: String| Config::load(&yaml, []).unwrap_err().to_string();
+    let unknown = refused(config("gpt-nano", "gpt-4o"));
+    assert!(
+        unknown.contains("upstreams[0].fallback[0]") && unknown.contains("no upstream"),
+        "{unknown}"
+    );
+    let itself = refused(config("gpt-4o-mini", "gpt-4o"));
+    assert!(itself.contains("itself"), "{itself}");
+    let pattern = refused(config("'gpt-*'", "gpt-4o"));
+    assert!(pattern.contains("not a model name"), "{pattern}");
+    let other_api = refused(config("claude-sonnet-4-5", "gpt-4o"));
+    assert!(other_api.contains("api: openai"), "{other_api}");
+}

@@ -75,6 +75,14 @@ pub struct UpstreamConfig {
     #[schemars(with = "String")]
     #[serde(default = "default_cooldown", with = "humantime_serde")]
     pub cooldown: Duration,
+    /// Models that answer, in this order, when this upstream cannot: every
+    /// member cooling, open, or failed for the call before its first byte.
+    /// Each is a model name routed like a request naming it (to another
+    /// upstream of this one's API); its answer says that model and is
+    /// cached under the key a request naming it has. Not chained: a
+    /// fallback's own `fallback` is not followed.
+    #[serde(default)]
+    pub fallback: Vec<String>,
 }
 
 /// How a pool picks the member a call goes to first.

@@ -255,6 +255,62 @@ impl Config {
         Ok(())
     }
 
+    /// Each `upstreams[].fallback` names a model (not a pattern) that
+    /// another upstream of the same API serves, as a request naming it is
+    /// routed: never the upstream itself (a cycle of one; fallbacks are not
+    /// chained, so two pools may each be the other's). Gemini's requests name
+    /// their model in the path, so a Gemini upstream has none.
+    fn validate_fallbacks(&self) -> Result<(), ConfigError> {
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            if upstream.api == super::Api::Gemini && !upstream.fallback.is_empty() {
+                return Err(ConfigError::key(
+                    format!("upstreams[{i}].fallback"),
+                    "is not supported for `api: gemini` (its requests name their model in the path)",
+                ));
+            }
+            for (f, model) in upstream.fallback.iter().enumerate() {
+                let at = format!("upstreams[{i}].fallback[{f}]");
+                if model.is_empty() || model.contains(['*', '?', '[']) {
+                    return Err(ConfigError::key(
+                        at,
+                        format!(
+                            "`{model}` is not a model name: name the model that answers instead"
+                        ),
+                    ));
+                }
+                // As `upstream::Routes` routes a request naming it.
+                let routed = self.upstreams.iter().position(|other| {
+                    other.api == upstream.api
+                        && other.models.iter().any(|pattern| {
+                            glob::Pattern::new(pattern).is_ok_and(|p| p.matches(model))
+                        })
+                });
+                match routed {
+                    None => {
+                        return Err(ConfigError::key(
+                            at,
+                            format!(
+                                "no upstream with `api: {}` serves `{model}` (no `models` pattern matches it)",
+                                upstream.api.as_str()
+                            ),
+                        ));
+                    }
+                    Some(to) if to == i => {
+                        return Err(ConfigError::key(
+                            at,
+                            format!(
+                                "`{model}` is routed to `{}` itself: a fallback must be another upstream's model",
+                                upstream.name
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks what types alone cannot; every message names its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_protection()?;
@@ -302,6 +358,7 @@ impl Config {
                 })?;
             }
         }
+        self.validate_fallbacks()?;
         let cache = &self.cache;
         if cache.soft_ttl.is_zero() || cache.soft_ttl > cache.hard_ttl {
             return Err(ConfigError::key(

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::{
     Answered, Dedup,
+    fallback::Fallbacks,
     loaders::upstream_loader,
     respond::{complete_response, header_value, own_echo, response_from, set_status_headers},
 };
@@ -19,6 +20,7 @@ pub(super) async fn serve(
     request: &DedupRequest,
     outbound: Outbound,
     bill: &Attribution,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Result<Answered, GatewayError> {
     let fingerprint = request.fingerprint;
     let (key, retained) = dedup.key_and_retained(request, bill).await?;
@@ -51,6 +53,7 @@ pub(super) async fn serve(
         bill.clone(),
         retained_under,
         dedup.pin_owners(request),
+        fallbacks,
     );
     let served = dedup
         .coalescer

@@ -1,9 +1,14 @@
 //! The upstream calls a flight makes: buffered, streamed (publishing the
 //! live log as the stream begins), and parsed on demand for a request the
 //! memo answered. Each says what it sends (`Loader::sends`) and honours the
-//! flight's attempt cap (`FlightCall::max_attempts`).
+//! flight's attempt cap (`FlightCall::max_attempts`). A call its pool could
+//! not answer before its first byte goes on to the pool's fallbacks
+//! (`fallback.rs`), whose answer is stored under their key.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
@@ -11,6 +16,7 @@ use bytes::Bytes;
 use super::{
     Dedup, RawRequest,
     bypass::answer_text_bytes,
+    fallback::{Fallbacks, pool_could_not_answer},
     outbound_of,
     pinning::PinOwners,
     respond::{MEMBER_HEADER, shared_response},
@@ -22,7 +28,7 @@ use crate::{
     fingerprint::{CacheKey, Sent},
     metrics::Attribution,
     sse::{self, Format, StreamLog},
-    upstream::{Outbound, retry},
+    upstream::{FirstEventCheck, Outbound, retry},
     usage::{Estimated, Usage, text_bytes},
     wire::Wire,
 };
@@ -42,10 +48,12 @@ pub(super) fn parsing_loader(
     Loader::new(sends, move |call: FlightCall| {
         let dedup = dedup.clone();
         let raw = raw.clone();
+        let tenant = bill.tenant.clone();
         let bill = billed_to(&bill, call.background);
         let key = key.clone();
         Box::pin(async move {
             let mut request = raw.parse(&dedup)?;
+            let fallbacks = Fallbacks::of(&dedup, request.upstream, &raw, &tenant);
             let mut outbound = outbound_of(&mut request);
             outbound.pin = dedup.pin_of(&request).await;
             let retained_under = dedup.own_retry_key(&request, &key);
@@ -59,6 +67,7 @@ pub(super) fn parsing_loader(
                     &bill,
                     retained_under,
                     owners.as_ref(),
+                    fallbacks.as_deref(),
                 ),
             )
             .await
@@ -77,6 +86,7 @@ pub(super) fn stream_loader(
     bill: Attribution,
     retained_under: Option<CacheKey>,
     owners: Option<PinOwners>,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Loader {
     let sends = Sent::of(true, &outbound.body);
     let outbound = Arc::new(outbound);
@@ -92,19 +102,62 @@ pub(super) fn stream_loader(
         let bill = billed_to(&bill, background);
         let retained_under = retained_under.clone();
         let owners = owners.clone();
+        let fallbacks = fallbacks.clone();
         let load = async move {
             let started = std::time::Instant::now();
-            let upstream = dedup.upstream.name(outbound.upstream).to_owned();
             dedup.may_call_upstream(&bill).await?;
-            let (response, member) = dedup
-                .upstream
-                .call_streaming_billed(&outbound, &bill.model)
-                .await?;
-            // Its spend is the member's that answered.
-            let bill = Arc::new(bill.answered_by(member.clone()));
             let (log, writer) =
                 StreamLog::with_limits(wire.stream_format(), dedup.stream_limits.clone());
-            publisher.publish(log.clone());
+            // The live log is shown at the first 2xx head (its callers get
+            // their head and keep-alives while the model thinks); its first
+            // event is read inside the attempt, so a stream the provider
+            // failed before it is retried or failed over, for every caller.
+            let published = AtomicBool::new(false);
+            let on_head = || {
+                if !published.swap(true, Ordering::AcqRel) {
+                    publisher.publish(log.clone());
+                }
+            };
+            let first_event = FirstEventCheck {
+                format: wire.stream_format(),
+                on_head: &on_head,
+            };
+            // Before any event is relayed, a call its pool could not answer
+            // goes on to the fallbacks: what follows is the answering one's.
+            let called = match dedup
+                .upstream
+                .call_event_stream(&outbound, &bill.model, first_event)
+                .await
+            {
+                Ok((response, member)) => Ok((response, member, outbound, bill, None)),
+                Err(error) => match fallbacks.as_deref() {
+                    Some(fallbacks) if pool_could_not_answer(&error) => {
+                        stream_fallback(
+                            &dedup,
+                            fallbacks,
+                            outbound.upstream,
+                            &bill,
+                            wire,
+                            first_event,
+                            error,
+                        )
+                        .await
+                    }
+                    _ => Err(error),
+                },
+            };
+            let (response, member, outbound, bill, stored_under) = match called {
+                Ok(called) => called,
+                Err(error) => {
+                    // Readers of a log shown at a head get the error as its end.
+                    writer.fail_with(&error.to_string());
+                    return Err(error);
+                }
+            };
+            // Its spend is the member's that answered.
+            let bill = Arc::new(bill.answered_by(member.clone()));
+            let retained_under = retained_under.filter(|_| stored_under.is_none());
+            let upstream = dedup.upstream.name(outbound.upstream).to_owned();
             let silence = dedup.stream_silence();
             // `request_timeout` bounds the whole flight, headers and every event:
             // past it, every reader gets an error event, the flight ends (its
@@ -203,6 +256,7 @@ pub(super) fn stream_loader(
                 compute_time: started.elapsed(),
                 events: summary.events,
                 retained_under,
+                stored_under,
             })
         };
         // A flight's error reaches every follower (through Redis too) in its API's shape.
@@ -212,6 +266,54 @@ pub(super) fn stream_loader(
                 .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
         })
     })
+}
+
+/// The streamed call of a flight whose pool could not start it (`error`),
+/// sent on to each of the pool's fallbacks in turn until one starts: its
+/// response, what it sent, its bill, and the key its answer is stored
+/// under. None starting: the last failure.
+async fn stream_fallback(
+    dedup: &Dedup,
+    fallbacks: &Fallbacks,
+    from: usize,
+    bill: &Attribution,
+    wire: &'static dyn Wire,
+    first_event: FirstEventCheck<'_>,
+    mut error: GatewayError,
+) -> Result<
+    (
+        reqwest::Response,
+        Option<Arc<str>>,
+        Arc<Outbound>,
+        Arc<Attribution>,
+        Option<CacheKey>,
+    ),
+    GatewayError,
+> {
+    for mut target in fallbacks.targets(dedup, bill, from) {
+        // As `stream::serve` sends the primary's: always streamed, with usage.
+        target.outbound.body = wire.stream_request(&target.request.body).body;
+        super::add_stream_query(&mut target.outbound.query, wire);
+        dedup.may_call_upstream(&target.bill).await?;
+        match dedup
+            .upstream
+            .call_event_stream(&target.outbound, &target.bill.model, first_event)
+            .await
+        {
+            Ok((response, member)) => {
+                return Ok((
+                    response,
+                    member,
+                    Arc::new(target.outbound),
+                    Arc::new(target.bill),
+                    Some(target.key),
+                ));
+            }
+            Err(next) if pool_could_not_answer(&next) => error = next,
+            Err(next) => return Err(next),
+        }
+    }
+    Err(error)
 }
 
 /// Bills a streamed call that did not complete (`reason`): the usage its
@@ -278,6 +380,7 @@ pub(super) fn upstream_loader(
     bill: Attribution,
     retained_under: Option<CacheKey>,
     owners: Option<PinOwners>,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Loader {
     let sends = Sent::of(false, &outbound.body);
     let bill = Arc::new(bill);
@@ -288,6 +391,7 @@ pub(super) fn upstream_loader(
         let bill = billed_to(&bill, call.background);
         let retained_under = retained_under.clone();
         let owners = owners.clone();
+        let fallbacks = fallbacks.clone();
         Box::pin(async move {
             retry::at_most(
                 call.max_attempts,
@@ -298,6 +402,7 @@ pub(super) fn upstream_loader(
                     &bill,
                     retained_under,
                     owners.as_ref(),
+                    fallbacks.as_deref(),
                 ),
             )
             .await
@@ -316,8 +421,44 @@ pub(super) fn billed_to(bill: &Arc<Attribution>, background: bool) -> Arc<Attrib
     }
 }
 
-/// One buffered upstream call, counted once whoever waits on it.
+/// One buffered upstream call, counted once whoever waits on it; one its
+/// pool could not answer goes on to each of `fallbacks` in turn, and the
+/// first that answers is stored under its own key.
 pub(super) async fn call_upstream(
+    dedup: &Dedup,
+    outbound: &Outbound,
+    wire: &'static dyn Wire,
+    bill: &Attribution,
+    retained_under: Option<CacheKey>,
+    owners: Option<&PinOwners>,
+    fallbacks: Option<&Fallbacks>,
+) -> Result<Loaded, GatewayError> {
+    let mut error = match call_pool(dedup, outbound, wire, bill, retained_under, owners).await {
+        Err(error) if fallbacks.is_some() && pool_could_not_answer(&error) => error,
+        answered => return answered,
+    };
+    for target in fallbacks
+        .into_iter()
+        .flat_map(|fallbacks| fallbacks.targets(dedup, bill, outbound.upstream))
+    {
+        // Pins are the primary pool's: a fallback's answer names no state of it.
+        match call_pool(dedup, &target.outbound, wire, &target.bill, None, None).await {
+            Ok(loaded) => {
+                return Ok(Loaded {
+                    stored_under: Some(target.key),
+                    ..loaded
+                });
+            }
+            Err(next) if pool_could_not_answer(&next) => error = next,
+            Err(next) => return Err(next),
+        }
+    }
+    Err(error)
+}
+
+/// One buffered call to one pool; the state its answer creates is pinned to
+/// the member that made it (`owners`).
+async fn call_pool(
     dedup: &Dedup,
     outbound: &Outbound,
     wire: &'static dyn Wire,
@@ -361,5 +502,6 @@ pub(super) async fn call_upstream(
         compute_time: buffered.elapsed,
         events: Vec::new(),
         retained_under,
+        stored_under: None,
     })
 }

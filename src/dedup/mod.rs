@@ -15,6 +15,7 @@
 mod buffered;
 mod bypass;
 mod embeddings;
+mod fallback;
 mod loaders;
 mod pinning;
 mod remembered;
@@ -30,6 +31,8 @@ use axum::{
 };
 use bytes::Bytes;
 use tracing::Instrument;
+
+use fallback::Fallbacks;
 
 use crate::{
     cache_status::CacheStatus,
@@ -204,8 +207,14 @@ impl Dedup {
         match Plan::of(&request) {
             Plan::Bypass => bypass::serve(&self, &request, outbound, &bill).await,
             Plan::Itemized => Ok(embeddings::serve(&self, &request, outbound, bill).await),
-            Plan::Stream => stream::serve(&self, request, outbound, bill).await,
-            Plan::Buffered => buffered::serve(&self, &request, outbound, &bill).await,
+            Plan::Stream => {
+                let fallbacks = Fallbacks::of(&self, request.upstream, &raw, &bill.tenant);
+                stream::serve(&self, request, outbound, bill, fallbacks).await
+            }
+            Plan::Buffered => {
+                let fallbacks = Fallbacks::of(&self, request.upstream, &raw, &bill.tenant);
+                buffered::serve(&self, &request, outbound, &bill, fallbacks).await
+            }
         }
     }
 
@@ -238,15 +247,7 @@ impl Dedup {
         bill: &Attribution,
     ) -> Result<(CacheKey, Option<Arc<Retained>>), GatewayError> {
         let fingerprint = request.fingerprint;
-        let key = self.purges.key(
-            CacheKey {
-                scope: request.scope.clone(),
-                fingerprint,
-            },
-            &fingerprint,
-            &request.model,
-            &bill.tenant,
-        );
+        let key = self.key_of(request, &bill.tenant);
         let retained = match &self.retry_window {
             Some(window) => {
                 window
@@ -261,6 +262,21 @@ impl Dedup {
             None => None,
         };
         Ok((key, retained))
+    }
+
+    /// The key a request's answer lives under: its fingerprint, re-keyed by
+    /// the purges of its model and of `tenant` (its bill's).
+    fn key_of(&self, request: &DedupRequest, tenant: &str) -> CacheKey {
+        let fingerprint = request.fingerprint;
+        self.purges.key(
+            CacheKey {
+                scope: request.scope.clone(),
+                fingerprint,
+            },
+            &fingerprint,
+            &request.model,
+            tenant,
+        )
     }
 
     /// Where the retry window keeps a request's answer for its client's
@@ -298,8 +314,9 @@ fn add_stream_query(query: &mut Option<String>, wire: &dyn wire::Wire) {
 }
 
 /// A request as it came, kept for the upstream call of a request the memo
-/// answered: parsed only if that call runs.
-#[derive(Debug)]
+/// answered: parsed only if that call runs; kept too by a flight whose
+/// pool has a fallback, which parses it again naming the fallback model.
+#[derive(Debug, Clone)]
 struct RawRequest {
     endpoint: Endpoint,
     /// What the path names (Gemini's model and method).

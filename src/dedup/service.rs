@@ -41,6 +41,9 @@ pub struct Dedup {
     pub(super) upstream_names: Vec<String>,
     /// `config.upstreams[i].identity()`, what keys name an upstream by.
     pub(super) upstream_keys: Vec<String>,
+    /// `config.upstreams[i].fallback`: the models a call goes on to when
+    /// none of the pool's members could answer it (`fallback.rs`).
+    pub(super) fallbacks: Vec<Arc<[String]>>,
     pub(super) upstream: Arc<Upstream>,
     pub(super) coalescer: Coalescer,
     /// What requests seen before derive to, so their repeats skip the parse.
@@ -89,6 +92,11 @@ impl Dedup {
             item_limits: ItemLimits::from(&config.limits),
             upstream_names: config.upstreams.iter().map(|u| u.name.clone()).collect(),
             upstream_keys: config.upstreams.iter().map(|u| u.identity()).collect(),
+            fallbacks: config
+                .upstreams
+                .iter()
+                .map(|u| u.fallback.as_slice().into())
+                .collect(),
             stream_limits: stream_log_limits(config, &parts.metrics),
             routes: parts.routes,
             upstream: parts.upstream,

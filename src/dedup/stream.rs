@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::{
     Answered, Dedup,
+    fallback::Fallbacks,
     loaders::stream_loader,
     respond::{
         FINGERPRINT_HEADER_NAME, budget_left, header_value, response_from, set_status_headers,
@@ -36,6 +37,7 @@ pub(super) async fn serve(
     request: DedupRequest,
     mut outbound: Outbound,
     bill: Attribution,
+    fallbacks: Option<Arc<Fallbacks>>,
 ) -> Result<Answered, GatewayError> {
     let (key, retained) = dedup.key_and_retained(&request, &bill).await?;
     let fingerprint = request.fingerprint;
@@ -68,6 +70,7 @@ pub(super) async fn serve(
                 bill.clone(),
                 retained_under,
                 owners,
+                fallbacks,
             );
             dedup
                 .coalescer

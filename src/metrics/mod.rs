@@ -364,7 +364,7 @@ impl Metrics {
         let failovers = Family::<FailoverLabels, Counter>::default();
         registry.register(
             "corral_failovers",
-            "Calls moved from one member of a pool to another before any byte reached a caller, by the failed attempt's outcome",
+            "Calls moved on before any byte reached a caller: from one member of a pool to another, by the failed attempt's outcome, or (reason=fallback) from a pool none of whose members could answer to its fallback model's upstream",
             failovers.clone(),
         );
         let member_cooling = Family::<MemberLabels, Gauge>::default();
@@ -626,14 +626,15 @@ impl Metrics {
     }
 
     /// A call moved from pool member `from` to `to` of `upstream` after an
-    /// attempt that ended in `reason` (its status, or `timeout`, `unreachable`, ...).
-    pub fn failover(&self, upstream: &str, from: &Arc<str>, to: &Arc<str>, reason: &str) {
+    /// attempt that ended in `reason` (its status, or `timeout`, `unreachable`,
+    /// ...); `fallback`: from the pool `upstream` to its fallback's upstream.
+    pub fn failover(&self, upstream: &str, from: &str, to: &str, reason: &str) {
         self.inner
             .failovers
             .get_or_create(&FailoverLabels {
                 upstream: upstream.to_owned(),
-                from: from.clone(),
-                to: to.clone(),
+                from: from.into(),
+                to: to.into(),
                 reason: reason.to_owned(),
             })
             .inc();

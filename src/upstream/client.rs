@@ -18,17 +18,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     breaker::is_upstream_failure,
+    first_event::{FirstEvent, read_first_event},
+    outgoing::{authenticate, confined_url},
     pool::{Pool, Target, Walk},
     retry::{self, AttemptError},
 };
 use crate::{
-    auth::{API_KEY_HEADER, GEMINI_KEY_HEADER, bearer_token},
     breaker::{BreakerState, Permit},
     clock::{Clock, SystemClock, retry_after_secs},
-    config::{Api, Config, RetryConfig, Secret},
+    config::{Api, Config, RetryConfig},
     error::GatewayError,
     metrics::{Metrics, ModelLabel},
     routing::{self, Admission, Probe},
+    sse::Format,
     traces,
 };
 
@@ -165,12 +167,30 @@ enum HeadWait {
 }
 
 /// How a streamed call's head is awaited and judged.
-#[derive(Debug, Clone, Copy)]
-struct StreamHead {
+#[derive(Clone, Copy)]
+struct StreamHead<'a> {
     wait: HeadWait,
     /// Whether a retryable status is retried at all.
     retry_statuses: bool,
     counted: Counted,
+    /// A deduplicated stream's: its first event is read inside the attempt.
+    first_event: Option<FirstEventCheck<'a>>,
+}
+
+/// A deduplicated stream's first event, read inside each attempt: one that
+/// is the provider's failure (`overloaded_error`, `response.failed`, an
+/// error chunk) reached no caller, so it fails the attempt like the status
+/// it names, and a retryable one is retried or failed over
+/// (`first_event.rs`).
+#[derive(Clone, Copy)]
+pub struct FirstEventCheck<'a> {
+    /// The stream's API format, which says which event fails it.
+    pub format: Format,
+    /// Called at each member's 2xx head, before its first event is read:
+    /// the flight shows its live log then (its callers get their response
+    /// head and keep-alives while a model thinks); it may be called again
+    /// when a failed first event moves the call on.
+    pub on_head: &'a (dyn Fn() + Sync),
 }
 
 impl Upstream {
@@ -510,11 +530,34 @@ impl Upstream {
         outbound: &Outbound,
         model: &ModelLabel,
     ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
+        self.streaming_billed(outbound, model, None).await
+    }
+
+    /// As `call_streaming_billed`, for a deduplicated stream whose first
+    /// event is read inside each attempt ([`FirstEventCheck`]): a stream the
+    /// provider failed before its first event is a failed attempt.
+    pub async fn call_event_stream(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+        first_event: FirstEventCheck<'_>,
+    ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
+        self.streaming_billed(outbound, model, Some(first_event))
+            .await
+    }
+
+    async fn streaming_billed(
+        &self,
+        outbound: &Outbound,
+        model: &ModelLabel,
+        first_event: Option<FirstEventCheck<'_>>,
+    ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
         let started = Instant::now();
         let head = StreamHead {
             wait: HeadWait::FirstEvent,
             retry_statuses: true,
             counted: Counted::Failures,
+            first_event,
         };
         let (result, attempts, member) = self.streaming_attempts(outbound, head).await;
         let code = result.as_ref().map(reqwest::Response::status);
@@ -575,6 +618,7 @@ impl Upstream {
             } else {
                 Counted::FailuresButSlowness
             },
+            first_event: None,
         };
         let (result, _attempts, member) = self.streaming_attempts(outbound, head).await;
         let pool = &self.pools[outbound.upstream];
@@ -586,7 +630,7 @@ impl Upstream {
     async fn streaming_attempts(
         &self,
         outbound: &Outbound,
-        head: StreamHead,
+        head: StreamHead<'_>,
     ) -> (
         Result<reqwest::Response, GatewayError>,
         usize,
@@ -599,10 +643,51 @@ impl Upstream {
                 HeadWait::FirstEvent => target.stream_head_timeout,
                 HeadWait::WholeJob => target.request_timeout,
             };
+            let sent_at = tokio::time::Instant::now();
             let response = self.send_once(outbound, target, Wait::Head(wait)).await?;
             let status = response.status();
             if status.is_success() {
-                return Ok(response);
+                let Some(first_event) = head.first_event else {
+                    return Ok(response);
+                };
+                (first_event.on_head)();
+                let read = read_first_event(
+                    response,
+                    first_event.format,
+                    self.max_response_bytes,
+                    sent_at + wait,
+                )
+                .await;
+                return match read {
+                    FirstEvent::Relay(response) => Ok(response),
+                    // As a head that never came: the provider may be computing
+                    // it, so it moves on only when it may be sent twice.
+                    FirstEvent::Silent => Err(AttemptError::when(
+                        self.retry.resend_sent_requests,
+                        GatewayError::UpstreamTimeout {
+                            upstream: target.name.clone(),
+                        },
+                    )),
+                    FirstEvent::Failed {
+                        status,
+                        body,
+                        response,
+                    } => {
+                        let mut headers = HeaderMap::new();
+                        headers.insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        let failed = status_error(target.api, status, &headers, body);
+                        // Not retried (the request's own fault): relayed as
+                        // it came, the provider's error event to every reader.
+                        if failed.retryable {
+                            Err(failed)
+                        } else {
+                            Ok(response)
+                        }
+                    }
+                };
             }
             let headers = response.headers().clone();
             let body = self
@@ -720,118 +805,6 @@ impl Upstream {
     }
 }
 
-/// The API version an Anthropic request is sent with when its caller named
-/// none (the version every current SDK sends).
-pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
-
-const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
-
-/// The prefix of Anthropic's OAuth access tokens (Claude subscriptions, as
-/// Claude Code sends them): Anthropic accepts those only as a bearer token,
-/// never as `x-api-key`.
-const ANTHROPIC_OAUTH_TOKEN_PREFIX: &[u8] = b"sk-ant-oat";
-
-/// Adds the credential in the form the target's API expects: corral's own
-/// key when it has one, else the caller's. OpenAI: `Authorization` (the
-/// caller's as it came, scheme included). Anthropic: `x-api-key` (the
-/// caller's bearer token or `x-api-key`; an OAuth access token stays a bearer
-/// token, the only form Anthropic takes it in), plus `anthropic-version` when
-/// the caller sent none.
-fn authenticate(
-    mut request: reqwest::RequestBuilder,
-    api: Api,
-    own_key: Option<&Secret<String>>,
-    outbound: &Outbound,
-) -> Result<reqwest::RequestBuilder, GatewayError> {
-    match api {
-        Api::OpenAi => match (own_key, &outbound.authorization) {
-            (Some(key), _) => request = request.bearer_auth(key.expose()),
-            (None, Some(caller)) => request = request.header(header::AUTHORIZATION, caller),
-            (None, None) => {}
-        },
-        Api::Anthropic => {
-            let key = match (own_key, &outbound.authorization) {
-                (Some(key), _) => Some(HeaderValue::from_str(key.expose())),
-                (None, Some(caller)) => {
-                    let token = bearer_token(caller.as_bytes());
-                    if token.starts_with(ANTHROPIC_OAUTH_TOKEN_PREFIX) {
-                        let mut bearer = caller.clone();
-                        bearer.set_sensitive(true);
-                        request = request.header(header::AUTHORIZATION, bearer);
-                        None
-                    } else {
-                        Some(HeaderValue::from_bytes(token))
-                    }
-                }
-                (None, None) => None,
-            };
-            if let Some(key) = key {
-                let mut key = key.map_err(|_| {
-                    GatewayError::invalid("the API key is not a valid header value")
-                })?;
-                key.set_sensitive(true);
-                request = request.header(API_KEY_HEADER, key);
-            }
-            if !outbound
-                .headers
-                .iter()
-                .any(|(name, _)| name == ANTHROPIC_VERSION)
-            {
-                request = request.header(ANTHROPIC_VERSION, DEFAULT_ANTHROPIC_VERSION);
-            }
-        }
-        // The caller's Gemini key as it is; an OAuth token (`Bearer <token>`,
-        // from `?access_token=`, `auth::gemini_key`) as `Authorization`.
-        Api::Gemini => {
-            let key = match (own_key, &outbound.authorization) {
-                (Some(key), _) => Some(HeaderValue::from_str(key.expose()).map_err(|_| {
-                    GatewayError::invalid("the API key is not a valid header value")
-                })?),
-                (None, Some(caller)) if caller.as_bytes().starts_with(b"Bearer ") => {
-                    let mut bearer = caller.clone();
-                    bearer.set_sensitive(true);
-                    request = request.header(header::AUTHORIZATION, bearer);
-                    None
-                }
-                (None, Some(caller)) => Some(caller.clone()),
-                (None, None) => None,
-            };
-            if let Some(mut key) = key {
-                key.set_sensitive(true);
-                request = request.header(GEMINI_KEY_HEADER, key);
-            }
-        }
-    }
-    Ok(request)
-}
-
-/// The request URL: the base URL joined with the outbound path and query. It
-/// must be a strict extension of the base URL's path on the same origin
-/// (`passthrough::ProxyPath` already refused every way out; this is the last
-/// word, for every caller of the client).
-fn confined_url(
-    base: &reqwest::Url,
-    path: &str,
-    query: Option<&str>,
-) -> Result<reqwest::Url, GatewayError> {
-    let base_path = base.path().trim_end_matches('/');
-    let mut text = format!("{}{path}", base.as_str().trim_end_matches('/'));
-    if let Some(query) = query {
-        text.push('?');
-        text.push_str(query);
-    }
-    let refused = || GatewayError::PathRefused {
-        reason: "it leads outside the upstream's base_url",
-    };
-    let url = reqwest::Url::parse(&text).map_err(|_| refused())?;
-    let inside = url.origin() == base.origin()
-        && url
-            .path()
-            .strip_prefix(base_path)
-            .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'));
-    if inside { Ok(url) } else { Err(refused()) }
-}
-
 /// A connect error is worth another attempt (nothing reached the provider);
 /// a timeout or a connection lost after that, only when `resend` says the
 /// request may be sent twice.
@@ -947,6 +920,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Secret;
 
     /// A Gemini error body whose `RetryInfo` asks for `delay`.
     pub(crate) fn retry_info(delay: &str) -> Bytes {

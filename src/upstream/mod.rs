@@ -4,6 +4,8 @@
 pub mod body;
 pub mod breaker;
 mod client;
+mod first_event;
+mod outgoing;
 mod pool;
 pub mod retry;
 mod route;
@@ -11,6 +13,7 @@ mod shared_cooldowns;
 
 #[cfg(test)]
 pub(crate) use client::status_error;
-pub use client::{Buffered, DEFAULT_ANTHROPIC_VERSION, Outbound, Upstream};
+pub use client::{Buffered, FirstEventCheck, Outbound, Upstream};
+pub use outgoing::DEFAULT_ANTHROPIC_VERSION;
 pub use route::Routes;
 pub use shared_cooldowns::{COOLDOWN_POLL_INTERVAL, CooldownSharing};

@@ -41,6 +41,8 @@ mod owners_bytes;
 mod places;
 mod pools;
 mod pools_cluster;
+mod pools_fallback;
+mod pools_first_event;
 mod pools_pins;
 mod pools_visible;
 mod pricing;

@@ -57,7 +57,7 @@ pub(crate) fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: 
 
 /// `n` identical callers, held at the members until all of them wait on
 /// the one flight.
-async fn herd_on(
+pub(crate) async fn herd_on(
     gateway: &TestGateway,
     members: &[&MockProvider],
     body: &Value,
@@ -71,7 +71,7 @@ async fn herd_on(
 }
 
 /// A base URL where nothing listens.
-async fn closed_port() -> String {
+pub(crate) async fn closed_port() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -79,7 +79,7 @@ async fn closed_port() -> String {
 }
 
 /// Which member (by key) each mock's calls carried.
-fn keys_seen(mock: &MockProvider) -> Vec<String> {
+pub(crate) fn keys_seen(mock: &MockProvider) -> Vec<String> {
     mock.requests()
         .iter()
         .map(|request| request.header("authorization").unwrap_or("-").to_owned())
