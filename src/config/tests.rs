@@ -723,3 +723,73 @@ fn a_fallback_names_another_upstreams_model() {
     let other_api = refused(config("claude-sonnet-4-5", "gpt-4o"));
     assert!(other_api.contains("api: openai"), "{other_api}");
 }
+
+/// A pool's members resolve against the pool (base URL, key, bounds), and an
+/// invalid pool stops corral at start with one line naming the key: two
+/// members of one name, a weight of 0, an unknown or foreign provider, a
+/// member of a pool of several without a key.
+#[test]
+fn a_pool_resolves_its_members_and_an_invalid_one_names_its_key() {
+    let pool = |members: &str| {
+        format!(
+            "listen: 127.0.0.1:8080\nupstreams:\n  - name: gpt\n    base_url: http://127.0.0.1:9/v1\n    cooldown: 2s\n    request_timeout: 30s\n    members:\n{members}"
+        )
+    };
+    let good = pool(
+        "      - {name: a, api_key_env: KEY_A, weight: 3}\n      - {name: b, api_key_env: KEY_B, base_url: \"http://127.0.0.2:9/v1\", priority: 1, quota: org, request_timeout: 5s}\n",
+    );
+    let config = Config::load(&good, [("KEY_A", "sk-a"), ("KEY_B", "sk-b")]).unwrap();
+    let upstream = &config.upstreams[0];
+    assert_eq!(upstream.cooldown, Duration::from_secs(2));
+    let members = upstream.effective_members();
+    assert_eq!(members.len(), 2);
+    assert_eq!(
+        (members[0].base_url.as_str(), members[0].weight),
+        ("http://127.0.0.1:9/v1", 3),
+        "the pool's base URL"
+    );
+    assert_eq!(
+        members[0].request_timeout,
+        Duration::from_secs(30),
+        "the pool's bound"
+    );
+    assert_eq!(
+        members[1].request_timeout,
+        Duration::from_secs(5),
+        "its own bound"
+    );
+    assert_eq!(members[1].quota.as_deref(), Some("org"));
+    assert_eq!(members[1].api_key.as_ref().unwrap().expose(), "sk-b");
+    assert_ne!(
+        upstream.identity(),
+        Config::load(BASE, []).unwrap().upstreams[0].identity(),
+        "a pool's key is its own"
+    );
+    let env = [("KEY_A", "sk-a"), ("KEY_B", "sk-b")];
+    for (members, key) in [
+        (
+            "      - {name: a, api_key_env: KEY_A}\n      - {name: a, api_key_env: KEY_B}\n",
+            "upstreams[0].members[1].name",
+        ),
+        (
+            "      - {name: a, api_key_env: KEY_A, weight: 0}\n",
+            "upstreams[0].members[0].weight",
+        ),
+        (
+            "      - {name: a, api_key_env: KEY_A, provider: anthropic}\n",
+            "upstreams[0].members[0].provider",
+        ),
+        (
+            "      - {name: a, api_key_env: KEY_A, provider: bedrock}\n",
+            "upstreams[0].members[0].provider",
+        ),
+        (
+            "      - {name: a, api_key_env: KEY_A}\n      - {name: b}\n",
+            "upstreams[0].members[1].api_key_env",
+        ),
+    ] {
+        let err = Config::load(&pool(members), env).unwrap_err().to_string();
+        assert!(err.contains(key), "{members}: {err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+}
