@@ -401,3 +401,24 @@ fn the_app_state_and_the_dedup_service_have_no_public_field() {
         assert!(public.is_empty(), "{name} has public fields: {public:?}");
     }
 }
+
+/// Issue 37: the invariants name the two rules the review found broken, so
+/// the next change is read against them: every path that can reach a
+/// provider is budgeted and booked; a tenant is its upstream credential (or
+/// gateway key), one label wherever it is sent.
+#[test]
+fn the_invariants_name_every_path_pays_and_one_key_one_tenant() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let invariants = text
+        .split("## Invariants")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("ARCHITECTURE.md has an Invariants section");
+    for rule in [
+        "Every path that can reach a provider is budgeted and booked",
+        "A tenant is its upstream credential (or its gateway key), one label wherever it is sent",
+    ] {
+        assert!(invariants.contains(rule), "the invariants name: {rule}");
+    }
+}
