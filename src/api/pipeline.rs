@@ -246,11 +246,14 @@ where
     }
 }
 
-/// Whether the request asks to switch protocols (a WebSocket dial, or a
-/// `Connection: upgrade` to anything): refused with 426, never served or
-/// forwarded. After admission, so a dial without a gateway key still meets
-/// its 401. An `Upgrade: h2c` alone (`curl --http2` over plain HTTP) is not
-/// refused: it is ignored, as HTTP/2 lets a server do, and served over HTTP/1.1.
+/// Whether the request asks to switch protocols (RFC 9110 7.8: its
+/// `Connection` lists `upgrade`, and its `Upgrade` names a protocol; a
+/// WebSocket dial): refused with 426, never served or forwarded. After
+/// admission, so a dial without a gateway key still meets its 401. An
+/// `Upgrade: h2c` alone (`curl --http2` over plain HTTP) is not refused: it
+/// is ignored, as HTTP/2 lets a server do, and served over HTTP/1.1; nor is a
+/// stray `Upgrade` header that neither `Connection` nor a WebSocket key goes
+/// with (it is dropped, like every hop-by-hop header).
 fn is_upgrade(headers: &http::HeaderMap) -> bool {
     let tokens = |name| {
         headers
@@ -261,11 +264,19 @@ fn is_upgrade(headers: &http::HeaderMap) -> bool {
             .map(str::trim)
             .filter(|token| !token.is_empty())
     };
-    let mut upgrades = tokens(http::header::UPGRADE).peekable();
-    if upgrades.peek().is_some() {
-        return upgrades.any(|protocol| !protocol.eq_ignore_ascii_case("h2c"));
+    let connection =
+        tokens(http::header::CONNECTION).any(|option| option.eq_ignore_ascii_case("upgrade"));
+    // A WebSocket handshake's own key marks a dial whose `Connection` a proxy
+    // on the way dropped (it is hop-by-hop; `Upgrade` and the key pass).
+    let handshake = headers.contains_key(http::header::SEC_WEBSOCKET_KEY);
+    if !(connection || handshake) {
+        return false;
     }
-    tokens(http::header::CONNECTION).any(|option| option.eq_ignore_ascii_case("upgrade"))
+    let mut upgrades = tokens(http::header::UPGRADE).peekable();
+    if upgrades.peek().is_none() {
+        return connection;
+    }
+    upgrades.any(|protocol| !protocol.eq_ignore_ascii_case("h2c"))
 }
 
 /// How a request to a deduplicated endpoint was served, as its metrics and
@@ -565,7 +576,21 @@ mod tests {
             ("upgrade", "WebSocket"),
         ])));
         assert!(is_upgrade(&headers(&[("connection", "upgrade")])));
-        assert!(is_upgrade(&headers(&[("upgrade", "h2c, websocket")])));
+        assert!(is_upgrade(&headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "h2c, websocket"),
+        ])));
+        assert!(
+            !is_upgrade(&headers(&[("upgrade", "websocket")])),
+            "an Upgrade that Connection does not name asks for nothing"
+        );
+        assert!(
+            is_upgrade(&headers(&[
+                ("upgrade", "websocket"),
+                ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ])),
+            "a handshake whose Connection a proxy dropped"
+        );
         assert!(!is_upgrade(&headers(&[
             ("connection", "Upgrade, HTTP2-Settings"),
             ("upgrade", "h2c"),
