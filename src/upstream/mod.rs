@@ -10,6 +10,7 @@ mod pool;
 pub mod retry;
 mod route;
 mod shared_cooldowns;
+mod walk;
 
 #[cfg(test)]
 pub(crate) use client::status_error;
