@@ -305,6 +305,32 @@ async fn claude_code_runs_of_one_session_stay_on_one_pool_member() {
     assert_eq!(gateway.provider.calls_to("/v1/messages"), 0, "{context}");
 }
 
+/// `codex exec` of `prompt` with the scratch HOME, working directory and
+/// `codex_home` (its `config.toml` names corral as the provider).
+fn codex_exec(
+    clients: &NodeClients,
+    scratch: &Scratch,
+    codex_home: &std::path::Path,
+    prompt: &str,
+) -> tokio::process::Command {
+    let mut command = clean_command(clients.node(), &scratch.home);
+    command
+        .arg(clients.codex())
+        .args([
+            "exec",
+            "--strict-config",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--color",
+            "never",
+            prompt,
+        ])
+        .current_dir(&scratch.work)
+        .env("CODEX_HOME", codex_home)
+        .env("CORRAL_TEST_KEY", "sk-codex-user");
+    command
+}
+
 /// The shape of what a client sent, for the test log: path, model, stream, betas.
 fn describe(exchanges: &[Exchange]) -> String {
     let lines: Vec<String> = exchanges
@@ -341,21 +367,7 @@ async fn five_codex_exec_runs_of_one_task_are_one_upstream_call() {
     let config = template.replace("BASE_URL", &format!("{}/v1", tap.url));
     std::fs::write(codex_home.join("config.toml"), config).unwrap();
     let codex = |prompt: &'static str| {
-        let mut command = clean_command(clients.node(), &scratch.home);
-        command
-            .arg(clients.codex())
-            .args([
-                "exec",
-                "--strict-config",
-                "--skip-git-repo-check",
-                "--ephemeral",
-                "--color",
-                "never",
-                prompt,
-            ])
-            .current_dir(&scratch.work)
-            .env("CODEX_HOME", &codex_home)
-            .env("CORRAL_TEST_KEY", "sk-codex-user");
+        let command = codex_exec(clients, &scratch, &codex_home, prompt);
         tokio::spawn(run(command, CLIENT_TIMEOUT, "codex exec"))
     };
 
@@ -451,21 +463,7 @@ async fn codex_exec_runs_stay_on_one_pool_member_over_http() {
         let before = members
             .each_ref()
             .map(|mock| mock.calls_to("/v1/responses"));
-        let mut command = clean_command(clients.node(), &scratch.home);
-        command
-            .arg(clients.codex())
-            .args([
-                "exec",
-                "--strict-config",
-                "--skip-git-repo-check",
-                "--ephemeral",
-                "--color",
-                "never",
-                prompt,
-            ])
-            .current_dir(&scratch.work)
-            .env("CODEX_HOME", &codex_home)
-            .env("CORRAL_TEST_KEY", "sk-codex-user");
+        let command = codex_exec(clients, &scratch, &codex_home, prompt);
         run(command, CLIENT_TIMEOUT, "codex exec")
             .await
             .success("codex exec");
