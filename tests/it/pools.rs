@@ -55,6 +55,13 @@ pub(crate) fn pooled(config: &mut Config, members: Vec<MemberConfig>, affinity: 
     config.retry.max_attempts = 6;
 }
 
+/// The first upstream a pool of `first`, and `spare` (priority 1) tried only
+/// once `first` cannot take a call.
+pub(crate) fn first_and_spare(config: &mut Config, first: MemberConfig, mut spare: MemberConfig) {
+    spare.priority = 1;
+    pooled(config, vec![first, spare], Affinity::None);
+}
+
 /// `n` identical callers, held at the members until all of them wait on
 /// the one flight.
 pub(crate) async fn herd_on(
@@ -262,13 +269,7 @@ async fn the_providers_words_set_the_pause_and_a_quota_bucket_cools_together() {
 async fn a_callers_400_and_a_stream_cut_midway_move_no_call() {
     let [a, b] = <[MockProvider; 2]>::try_from(mocks(2).await).ok().unwrap();
     let gateway = TestGateway::start(|config| {
-        let mut spare = member("b", b.base_url());
-        spare.priority = 1;
-        pooled(
-            config,
-            vec![member("a", a.base_url()), spare],
-            Affinity::None,
-        );
+        first_and_spare(config, member("a", a.base_url()), member("b", b.base_url()));
     })
     .await;
     a.push_script(Scripted::json(
@@ -474,13 +475,7 @@ async fn an_anthropic_user_id_keeps_its_session_on_one_member() {
 async fn retry_after_and_a_bare_429_set_their_pauses() {
     let [a, b] = <[MockProvider; 2]>::try_from(mocks(2).await).ok().unwrap();
     let gateway = TestGateway::start(|config| {
-        let mut spare = member("b", b.base_url());
-        spare.priority = 1;
-        pooled(
-            config,
-            vec![member("a", a.base_url()), spare],
-            Affinity::None,
-        );
+        first_and_spare(config, member("a", a.base_url()), member("b", b.base_url()));
         config.upstreams[0].cooldown = Duration::from_secs(2);
     })
     .await;

@@ -2,14 +2,14 @@
 //! nothing reached a caller yet, so it is a failed attempt like a 529,
 //! failed over to the next member for every coalesced caller at once.
 
-use corral::config::{Affinity, Api};
+use corral::config::Api;
 use mock_upstream::{MockProvider, Scripted};
 use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::{
     harness::{TestGateway, collect, streamed},
-    pools::{member, mocks, pooled},
+    pools::{first_and_spare, member, mocks},
 };
 
 const MESSAGES: &str = "/v1/messages";
@@ -30,13 +30,7 @@ async fn a_stream_whose_first_event_is_overloaded_fails_over_for_every_caller() 
     let [a, b] = <[MockProvider; 2]>::try_from(mocks(2).await).ok().unwrap();
     let gateway = TestGateway::start(|config| {
         // a first, b only when a cannot answer.
-        let mut spare = member("b", b.base_url());
-        spare.priority = 1;
-        pooled(
-            config,
-            vec![member("a", a.base_url()), spare],
-            Affinity::None,
-        );
+        first_and_spare(config, member("a", a.base_url()), member("b", b.base_url()));
         let pool = &mut config.upstreams[0];
         pool.api = Api::Anthropic;
         pool.models = vec!["claude-*".into()];

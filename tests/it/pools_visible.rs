@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::{
     dashboard::{chromium, chromium_or_skip},
     harness::{TestGateway, chat, streamed},
-    pools::{CHAT, member, mocks, pooled},
+    pools::{CHAT, first_and_spare, member, mocks, pooled},
 };
 
 /// The value of the series whose line begins `series` (name and labels,
@@ -53,12 +53,10 @@ async fn metrics_name_the_member_count_the_failover_and_show_the_cooling() {
     let gateway = TestGateway::start(|config| {
         priced(config);
         // The spare is tried only after the first member failed the call.
-        let mut spare = member("healthy", healthy.base_url());
-        spare.priority = 1;
-        pooled(
+        first_and_spare(
             config,
-            vec![member("limited", limited.base_url()), spare],
-            Affinity::None,
+            member("limited", limited.base_url()),
+            member("healthy", healthy.base_url()),
         );
         pool = config.upstreams[0].name.clone();
     })
