@@ -192,7 +192,7 @@ impl Passthrough<'_> {
             .check_credential(outbound.upstream, outbound.authorization.as_ref())?;
         // A provider error comes back as `GatewayError::Upstream`, relayed with its status and body.
         let started = Instant::now();
-        let (upstream, member) = self.upstream.call_streaming_on(outbound).await?;
+        let (upstream, member) = self.upstream.call_streaming(outbound).await?;
         let status = upstream.status();
         let shared_key = self.shares_a_key(outbound.upstream);
         let mut response_headers = HeaderMap::new();

@@ -385,18 +385,9 @@ impl Upstream {
     /// done: its head may take the whole `request_timeout`, and a job that
     /// outlasts even that is the caller's slow job, not a sick provider, so
     /// it opens no breaker that every tenant shares. A read (`GET`, `HEAD`)
-    /// has its head within `first_byte_timeout`, like a stream's.
+    /// has its head within `first_byte_timeout`, like a stream's. With the
+    /// response, the pool member that answered.
     pub async fn call_streaming(
-        &self,
-        outbound: &Outbound,
-    ) -> Result<reqwest::Response, GatewayError> {
-        self.call_streaming_on(outbound)
-            .await
-            .map(|(response, _member)| response)
-    }
-
-    /// As `call_streaming`, with the pool member that answered.
-    pub async fn call_streaming_on(
         &self,
         outbound: &Outbound,
     ) -> Result<(reqwest::Response, Option<Arc<str>>), GatewayError> {
