@@ -57,13 +57,16 @@ pub fn bearer_token(value: &[u8]) -> &[u8] {
 /// Anthropic's credential header (its SDKs, curl examples, coding agents).
 pub const API_KEY_HEADER: HeaderName = HeaderName::from_static("x-api-key");
 
+/// Azure OpenAI's credential header (`AzureOpenAI(api_key=...)`).
+pub const AZURE_KEY_HEADER: HeaderName = HeaderName::from_static("api-key");
+
 /// The header Google's SDKs carry a Gemini key in (also `?key=`).
 pub const GEMINI_KEY_HEADER: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// The caller's credential, wherever it was sent: its Google credential
 /// (`x-goog-api-key`, `?key=`, `?access_token=`, `?oauth_token=`; a Gemini
 /// request's, which is what goes upstream), else the token of its
-/// `Authorization` header, else its `x-api-key`; an empty one is none. Every
+/// `Authorization` header, else its `x-api-key` or `api-key`; an empty one is none. Every
 /// reader of a caller's identity goes through here (admission, the tenant
 /// scope, its label, rate limit and budgets), so two places can never name
 /// two tenants for one request. Two different Google credentials are a 400
@@ -87,12 +90,18 @@ fn header_credential(headers: &HeaderMap) -> Option<&[u8]> {
         .get(header::AUTHORIZATION)
         .map(|value| bearer_token(value.as_bytes()))
         .filter(|token| !token.is_empty())
-        .or_else(|| {
-            headers
-                .get(API_KEY_HEADER)
-                .map(|value| value.as_bytes().trim_ascii())
-                .filter(|key| !key.is_empty())
-        })
+        .or_else(|| key_header(headers))
+}
+
+/// The caller's key header: Anthropic's `x-api-key`, else Azure's `api-key`
+/// (what an `AzureOpenAI` client sends).
+fn key_header(headers: &HeaderMap) -> Option<&[u8]> {
+    [API_KEY_HEADER, AZURE_KEY_HEADER].iter().find_map(|name| {
+        headers
+            .get(name)
+            .map(|value| value.as_bytes().trim_ascii())
+            .filter(|key| !key.is_empty())
+    })
 }
 
 /// The caller's credential as an `Authorization` value, to forward when the
@@ -105,10 +114,7 @@ pub fn forwarded_credential(headers: &HeaderMap) -> Option<HeaderValue> {
     {
         return Some(value.clone());
     }
-    let key = headers
-        .get(API_KEY_HEADER)
-        .map(|value| value.as_bytes().trim_ascii())
-        .filter(|key| !key.is_empty())?;
+    let key = key_header(headers)?;
     let mut value = b"Bearer ".to_vec();
     value.extend_from_slice(key);
     let mut value = HeaderValue::from_bytes(&value).ok()?;
@@ -334,6 +340,9 @@ pub enum Provider {
     OpenAi,
     Anthropic,
     Google,
+    /// Azure's keys have no form of their own: only an Azure account is
+    /// this, and only another provider's form is refused for it.
+    Azure,
 }
 
 impl Provider {
@@ -389,6 +398,7 @@ impl Provider {
             Self::OpenAi => "OpenAI",
             Self::Anthropic => "Anthropic",
             Self::Google => "Google",
+            Self::Azure => "Azure",
         }
     }
 }

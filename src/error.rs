@@ -27,15 +27,21 @@ pub enum ErrorShape {
     /// status as an integer: the `google-genai` SDKs raise their own
     /// `APIError` types only for that shape.
     Gemini,
+    /// Azure OpenAI's `{"error":{"code","message"}}` (`code` a string), for
+    /// callers of Azure's paths.
+    Azure,
 }
 
 impl ErrorShape {
     /// Anthropic's below `/v1/messages` (Messages, `count_tokens`), Gemini's
-    /// below `/v1beta/`, OpenAI's everywhere else: a request is answered in its route's shape even when
+    /// below `/v1beta/`, Azure's below `/openai/`, OpenAI's everywhere else: a request is answered in its route's shape even when
     /// it is refused before any handler runs (admission).
     pub fn for_path(path: &str) -> Self {
         if path == "/v1beta" || path.starts_with("/v1beta/") {
             return Self::Gemini;
+        }
+        if path == "/openai" || path.starts_with("/openai/") {
+            return Self::Azure;
         }
         match path.strip_prefix("/v1/messages") {
             Some(rest) if rest.is_empty() || rest.starts_with('/') => Self::Anthropic,
@@ -605,6 +611,10 @@ impl GatewayError {
                     }
                     ErrorShape::Gemini => {
                         json!({"error": {"code": status.as_u16(), "message": self.to_string(), "status": google_status(status)}})
+                    }
+                    ErrorShape::Azure => {
+                        let code = code.map_or_else(|| status.as_str().to_owned(), str::to_owned);
+                        json!({"error": {"code": code, "message": self.to_string()}})
                     }
                 };
                 Bytes::from(body.to_string())

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod pins;
 pub mod pricing;
+pub mod provider;
 pub mod purge;
 pub mod request;
 pub mod retry_window;

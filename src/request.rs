@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use crate::{
     auth,
     config::{Api, CacheConfig, CacheScope, LimitsConfig},
-    error::GatewayError,
+    error::{ErrorShape, GatewayError},
     fingerprint::{
         Endpoint, Fingerprint, IdempotencyKey, KeyInput, LabelFields, Normalization,
         canonical_body_with,
@@ -20,7 +20,7 @@ use crate::{
     tenant::{TenantKey, TenantScope},
     upstream::{DEFAULT_ANTHROPIC_VERSION, Routes},
     validate::{self, InputLimits},
-    wire::{self, Echo, GeminiCall, Wire},
+    wire::{self, Echo, PathApi, PathCall, Wire},
 };
 
 /// What parsing holds a request to, besides routing: the cache settings, the
@@ -213,9 +213,11 @@ pub struct DedupRequest {
     pub query_pairs: Vec<(String, String)>,
     /// Retry counter and idempotency key, for the retry window.
     pub retry: RetryMarks,
-    /// What the path named (Gemini's model and method), when it named them:
-    /// the request goes upstream to that path below the version.
-    pub call: Option<GeminiCall>,
+    /// What the path named (Gemini's model and method, Azure's deployment),
+    /// when it named them (`wire::PathCall`).
+    pub call: Option<PathCall>,
+    /// The error shape its caller parses: its path's, else its wire's.
+    pub shape: ErrorShape,
     /// How the caller receives a stream (events, or Gemini's JSON array).
     pub framing: Framing,
     /// The caller's own values of the label fields its answer echoes.
@@ -250,14 +252,15 @@ impl DedupRequest {
     }
 
     /// As [`parse`](Self::parse), for a request whose path names its model
-    /// and delivery (`call`, Gemini's): the model is taken from there and
-    /// keyed with the path's API version, and the caller's Gemini key (its
-    /// `x-goog-api-key`, or a `key` query parameter, which leaves the query)
-    /// is its credential, sent upstream only as `x-goog-api-key`.
+    /// (`call`: Gemini's, keyed with the path's API version; an Azure
+    /// deployment, which becomes the body's `model`). A Gemini caller's key
+    /// (its `x-goog-api-key`, or a `key` query parameter, which leaves the
+    /// query) is its credential, sent upstream only as `x-goog-api-key`; an
+    /// Azure caller's `api-version` leaves the query (it names the wire).
     #[allow(clippy::too_many_arguments)]
     pub fn parse_named<'a>(
         endpoint: Endpoint,
-        call: Option<&GeminiCall>,
+        call: Option<&PathCall>,
         headers: &HeaderMap,
         query: Option<&str>,
         raw_body: Bytes,
@@ -275,13 +278,29 @@ impl DedupRequest {
             });
         }
         let body = validate::parse_json(&raw_body, rules.limits)?;
-        let Value::Object(body) = body else {
+        let Value::Object(mut body) = body else {
             return Err(GatewayError::invalid(
                 "the request body must be a JSON object",
             ));
         };
-        let model = match (call, body.get("model")) {
-            (Some(call), _) => call.model.clone(),
+        let mut raw_body = raw_body;
+        // An Azure deployment is the model the request names: the body says
+        // it too, so the key and the call are an OpenAI path's for that model.
+        if let Some(PathCall {
+            model: Some(deployment),
+            via: PathApi::Azure { .. },
+            ..
+        }) = call
+            && body.get("model").and_then(Value::as_str) != Some(deployment)
+        {
+            body.insert("model".to_owned(), Value::String(deployment.clone()));
+            raw_body =
+                Bytes::from(serde_json::to_vec(&body).map_err(|_| {
+                    GatewayError::invalid("the request body must be a JSON object")
+                })?);
+        }
+        let model = match (call.and_then(|call| call.model.as_ref()), body.get("model")) {
+            (Some(model), _) => model.clone(),
             (None, Some(Value::String(model))) if !model.is_empty() => model.clone(),
             (None, Some(_)) => {
                 return Err(GatewayError::invalid_param(
@@ -303,7 +322,9 @@ impl DedupRequest {
                     model: model.clone(),
                 })?;
         wire.check(&body, rules.limits)?;
-        let stream = call.map_or_else(|| wire.is_stream(&body), GeminiCall::stream);
+        let stream = call
+            .and_then(PathCall::stream)
+            .unwrap_or_else(|| wire.is_stream(&body));
 
         // The caller's credential wherever it was sent (`auth::credential`):
         // one key, one tenant. A Gemini request's (`x-goog-api-key`, `?key=`,
@@ -315,6 +336,11 @@ impl DedupRequest {
         let query_dedupable = wire.dedupable_query(query);
         let (authorization, query) = if wire.api() == Api::Gemini {
             auth::gemini_key(headers, query)?
+        } else if let Some(PathApi::Azure { .. }) = call.map(|call| call.via) {
+            (
+                auth::forwarded_credential(headers),
+                without_api_version(query),
+            )
         } else {
             (
                 auth::forwarded_credential(headers),
@@ -383,10 +409,11 @@ impl DedupRequest {
         let mut query_pairs = sorted_query_pairs(query.as_deref());
         if let Some(call) = call {
             // What the path names is keyed beside the query (`:` starts no
-            // parameter): the model, which the body does not hold, and the
-            // API version.
-            query_pairs.insert(0, (":model".to_owned(), call.model.clone()));
-            query_pairs.insert(1, (":version".to_owned(), call.version.to_owned()));
+            // parameter): Gemini's model, which the body does not hold, and
+            // its API version.
+            for (at, pair) in call.keyed().into_iter().enumerate() {
+                query_pairs.insert(at, pair);
+            }
         }
 
         let normalization = Normalization {
@@ -448,10 +475,21 @@ impl DedupRequest {
             query_pairs,
             retry,
             echo,
+            shape: call.map_or_else(|| wire.error_shape(), PathCall::error_shape),
             call: call.cloned(),
             framing,
         })
     }
+}
+
+/// An Azure caller's query without its `api-version`, which names the wire
+/// it speaks, not the answer it asks for.
+fn without_api_version(query: Option<&str>) -> Option<String> {
+    let kept: Vec<&str> = query?
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("api-version"))
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
 }
 
 fn sorted_query_pairs(query: Option<&str>) -> Vec<(String, String)> {

@@ -50,7 +50,7 @@ use crate::{
     telemetry::{self, AccessLine},
     tenant::TenantScope,
     traces,
-    wire::GeminiCall,
+    wire::PathCall,
 };
 
 /// Longest caller-chosen request id kept; longer ones are replaced.
@@ -117,21 +117,30 @@ where
         // cached and budgeted as such), never a pass-through to it.
         let decoded = passthrough::decoded_path(raw_path);
         let path = &*decoded;
-        // Gemini's deduplicated methods name their model in the path.
-        let gemini_call = (method == Method::POST)
-            .then(|| GeminiCall::of_path(path))
+        // Gemini's deduplicated methods name their model in the path, and
+        // Azure's their deployment.
+        let path_call = (method == Method::POST)
+            .then(|| PathCall::of_path(path))
             .flatten();
-        let endpoint = match &gemini_call {
-            Some(call) => Some(call.method.endpoint()),
+        let endpoint = match &path_call {
+            Some(call) => Some(call.endpoint()),
             None => endpoint_of(path),
         };
         // The APIs: OpenAI's and Anthropic's under `/v1/`, Gemini's under
-        // `/v1beta/` (relayed to a Gemini upstream by the pass-through).
-        let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/");
+        // `/v1beta/` (relayed to a Gemini upstream by the pass-through),
+        // Azure OpenAI's under `/openai/` (its deduplicated endpoints only).
+        let azure = path.starts_with("/openai/");
+        let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/") || azure;
         // Whether the request speaks Gemini's native API (a Gemini path,
         // method or key): such a request goes to a Gemini upstream or nowhere.
-        let native = gemini_call.is_some()
-            || (admitted && passthrough::gemini::is_native(path, request.headers(), uri.query()));
+        let gemini_path = path_call
+            .as_ref()
+            .and_then(PathCall::gemini_method)
+            .is_some();
+        let native = gemini_path
+            || (admitted
+                && !azure
+                && passthrough::gemini::is_native(path, request.headers(), uri.query()));
         // A refusal is answered in the shape the route's clients parse
         // (Gemini's for Gemini's requests, under `/v1/` too, where its SDKs post).
         let shape = if native {
@@ -144,8 +153,7 @@ where
         // own methods included). Any other that carries a Gemini key goes to
         // the pass-through, which sends it to a Gemini upstream or nowhere: a
         // Gemini key never reaches another provider.
-        let direct =
-            endpoint.filter(|_| method == Method::POST && (gemini_call.is_some() || !native));
+        let direct = endpoint.filter(|_| method == Method::POST && (gemini_path || !native));
         // Every other request runs in its `request` span; a deduplicated one
         // makes its span only when it does more than read the cache
         // (`dedup::Caller::span`). The path only: a query string may carry anything.
@@ -195,10 +203,19 @@ where
                                 let query = parts.uri.query().map(str::to_owned);
                                 let Answered { response, decided } = app
                                     .dedup()
-                                    .serve(endpoint, gemini_call, caller, headers, query, body)
+                                    .serve(endpoint, path_call, caller, headers, query, body)
                                     .await;
                                 (response, decided)
                             }
+                            // Azure's paths are served for their deduplicated
+                            // endpoints only: nothing else of Azure's is relayed.
+                            None if azure => (
+                                GatewayError::UnknownPath {
+                                    path: telemetry::clipped(uri.path()).to_string(),
+                                }
+                                .to_response_as(shape),
+                                Decided::default(),
+                            ),
                             None => (
                                 proxy::serve(&app, parts, body, &tenant).await,
                                 Decided::default(),

@@ -33,7 +33,9 @@ pub use secrets::Secret;
 pub use telemetry::{
     LogConfig, LogFormat, OTEL_ENDPOINT_ENV, OtlpConfig, OtlpProtocol, TelemetryConfig,
 };
-pub use upstream::{Affinity, Api, Member, MemberConfig, UpstreamConfig};
+pub use upstream::{
+    Affinity, Api, EntraConfig, Member, MemberConfig, ProviderKind, UpstreamConfig,
+};
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 

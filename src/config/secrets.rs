@@ -154,7 +154,17 @@ impl Config {
                 })?;
                 upstream.api_key = Some(Secret::new((*value).to_owned()));
             }
+            if let Some(entra) = &mut upstream.entra {
+                resolve_entra(entra, env, &format!("upstreams[{index}].entra"))?;
+            }
             for (m, member) in upstream.members.iter_mut().enumerate() {
+                if let Some(entra) = &mut member.entra {
+                    resolve_entra(
+                        entra,
+                        env,
+                        &format!("upstreams[{index}].members[{m}].entra"),
+                    )?;
+                }
                 if let Some(var) = &member.api_key_env {
                     let value = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
                         var: var.clone(),
@@ -174,4 +184,19 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An Entra application's client secret, from the variable it names.
+fn resolve_entra(
+    entra: &mut super::EntraConfig,
+    env: &BTreeMap<&str, &str>,
+    at: &str,
+) -> Result<(), ConfigError> {
+    let var = &entra.client_secret_env;
+    let value = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
+        var: var.clone(),
+        message: format!("not set, but {at}.client_secret_env names it"),
+    })?;
+    entra.client_secret = Some(Secret::new((*value).to_owned()));
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! `upstreams[]`: the providers corral calls, their wire format, models and bounds.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +83,91 @@ pub struct UpstreamConfig {
     /// fallback's own `fallback` is not followed.
     #[serde(default)]
     pub fallback: Vec<String>,
+    /// The provider an upstream of its own is at (`azure`: OpenAI's wire
+    /// behind Azure's paths and auth); its `api`'s own provider when absent.
+    /// A pool's members name theirs.
+    #[serde(default)]
+    pub provider: Option<ProviderKind>,
+    /// Azure: the API version its paths take (`?api-version=`), which also
+    /// says the shape: set, `{base_url}/deployments/{deployment}/...`; absent,
+    /// the v1 API (`{base_url}/chat/completions`, the deployment in `model`).
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// Public model name -> the provider's name for it (an Azure deployment).
+    /// A model not listed is sent by its own name. Members add to these.
+    #[serde(default)]
+    pub deployments: BTreeMap<String, String>,
+    /// Azure: an Entra ID application's client-credentials grant instead of
+    /// an `api-key` (`api_key_env` and `entra` together are refused).
+    #[serde(default)]
+    pub entra: Option<EntraConfig>,
+}
+
+/// Where an account is: whose paths, auth and quirks a request to it takes.
+/// Each speaks one wire format ([`Api`]), its pool's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema)]
+pub enum ProviderKind {
+    #[serde(rename = "openai")]
+    OpenAi,
+    #[serde(rename = "anthropic")]
+    Anthropic,
+    #[serde(rename = "gemini")]
+    Gemini,
+    /// Azure OpenAI: OpenAI's wire at an Azure resource (`api-key` or an
+    /// Entra ID token; deployments instead of model names).
+    #[serde(rename = "azure")]
+    Azure,
+}
+
+impl ProviderKind {
+    /// The wire format it speaks.
+    pub fn api(self) -> Api {
+        match self {
+            Self::OpenAi | Self::Azure => Api::OpenAi,
+            Self::Anthropic => Api::Anthropic,
+            Self::Gemini => Api::Gemini,
+        }
+    }
+
+    /// The provider an API is spoken by when no member names one.
+    pub fn of_api(api: Api) -> Self {
+        match api {
+            Api::OpenAi => Self::OpenAi,
+            Api::Anthropic => Self::Anthropic,
+            Api::Gemini => Self::Gemini,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Gemini => "gemini",
+            Self::Azure => "azure",
+        }
+    }
+}
+
+/// An Entra ID application whose client-credentials grant authenticates an
+/// Azure account (`Authorization: Bearer <token>`, the token cached and
+/// refreshed before it expires).
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EntraConfig {
+    pub tenant_id: String,
+    pub client_id: String,
+    /// The variable holding the client secret.
+    pub client_secret_env: String,
+    /// The identity platform's host.
+    #[serde(default = "default_entra_authority")]
+    pub authority: String,
+    /// Resolved at load time from `client_secret_env`.
+    #[serde(skip)]
+    pub client_secret: Option<Secret<String>>,
+}
+
+fn default_entra_authority() -> String {
+    "https://login.microsoftonline.com".to_owned()
 }
 
 /// How a pool picks the member a call goes to first.
@@ -111,10 +196,20 @@ pub struct MemberConfig {
     /// The variable holding this account's key. Absent: the pool's key.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// The provider this account is at; the pool's `api` when absent (the
-    /// only one this version speaks for a member).
+    /// The provider this account is at (`azure` in an OpenAI pool); the
+    /// pool's when absent. It speaks its pool's wire format.
     #[serde(default)]
-    pub provider: Option<Api>,
+    pub provider: Option<ProviderKind>,
+    /// As the pool's `api_version` (Azure), for this account.
+    #[serde(default)]
+    pub api_version: Option<String>,
+    /// Added to the pool's `deployments`: this account's names for the
+    /// pool's models.
+    #[serde(default)]
+    pub deployments: BTreeMap<String, String>,
+    /// As the pool's `entra`, for this account.
+    #[serde(default)]
+    pub entra: Option<EntraConfig>,
     /// Share of the calls, relative to the other members of its priority.
     #[serde(default = "default_weight")]
     pub weight: u32,
@@ -153,8 +248,13 @@ pub struct MemberConfig {
 pub struct Member {
     pub name: String,
     pub api: Api,
+    pub provider: ProviderKind,
     pub base_url: String,
     pub api_key: Option<Secret<String>>,
+    pub api_version: Option<String>,
+    /// Public model name -> this account's name for it.
+    pub deployments: Arc<BTreeMap<String, String>>,
+    pub entra: Option<EntraConfig>,
     pub weight: u32,
     pub priority: u32,
     pub quota: Option<String>,
@@ -165,6 +265,19 @@ pub struct Member {
     pub max_concurrency: Option<usize>,
     pub breaker_failures: u32,
     pub breaker_cool_down: Duration,
+}
+
+impl Member {
+    /// Whether corral authenticates to this account itself (a key, an Entra
+    /// application), rather than with the caller's credential.
+    pub fn has_own_credential(&self) -> bool {
+        self.api_key.is_some() || self.entra.is_some()
+    }
+
+    /// This account's name for the public model `model`.
+    pub fn deployment<'m>(&'m self, model: &'m str) -> &'m str {
+        self.deployments.get(model).map_or(model, String::as_str)
+    }
 }
 
 /// The wire format an upstream speaks, and with it how corral authenticates
@@ -219,8 +332,12 @@ impl UpstreamConfig {
             return vec![Member {
                 name: self.name.clone(),
                 api: self.api,
+                provider: self.provider.unwrap_or(ProviderKind::of_api(self.api)),
                 base_url: self.base_url.clone(),
                 api_key: self.api_key.clone(),
+                api_version: self.api_version.clone(),
+                deployments: Arc::new(self.deployments.clone()),
+                entra: self.entra.clone(),
                 weight: 1,
                 priority: 0,
                 quota: None,
@@ -237,12 +354,42 @@ impl UpstreamConfig {
             .iter()
             .map(|member| Member {
                 name: member.name.clone(),
-                api: member.provider.unwrap_or(self.api),
+                api: self.api,
+                provider: member
+                    .provider
+                    .or(self.provider)
+                    .unwrap_or(ProviderKind::of_api(self.api)),
                 base_url: member
                     .base_url
                     .clone()
                     .unwrap_or_else(|| self.base_url.clone()),
-                api_key: member.api_key.clone().or_else(|| self.api_key.clone()),
+                // An account's credential is its own: a member with an Entra
+                // application takes no pool key.
+                api_key: member.api_key.clone().or_else(|| {
+                    member
+                        .entra
+                        .is_none()
+                        .then(|| self.api_key.clone())
+                        .flatten()
+                }),
+                api_version: member
+                    .api_version
+                    .clone()
+                    .or_else(|| self.api_version.clone()),
+                deployments: Arc::new(
+                    self.deployments
+                        .iter()
+                        .chain(&member.deployments)
+                        .map(|(model, name)| (model.clone(), name.clone()))
+                        .collect(),
+                ),
+                entra: member.entra.clone().or_else(|| {
+                    member
+                        .api_key
+                        .is_none()
+                        .then(|| self.entra.clone())
+                        .flatten()
+                }),
                 weight: member.weight,
                 priority: member.priority,
                 quota: member.quota.clone(),
@@ -262,7 +409,7 @@ impl UpstreamConfig {
     pub fn has_own_keys(&self) -> bool {
         self.effective_members()
             .iter()
-            .all(|member| member.api_key.is_some())
+            .all(Member::has_own_credential)
     }
 }
 

@@ -108,6 +108,7 @@ impl Config {
                 if let Some(member_rate) = &member.rate {
                     rate(member_rate, &at("rate"))?;
                 }
+                account(upstream, member, &at)?;
                 if member.max_concurrency == Some(0) {
                     return Err(ConfigError::key(
                         at("max_concurrency"),
@@ -233,18 +234,22 @@ impl Config {
                 ));
             }
             if let Some(provider) = member.provider
-                && provider != upstream.api
+                && provider.api() != upstream.api
             {
                 return Err(ConfigError::key(
                     at("provider"),
                     format!(
-                        "`{}` is not this pool's API (`{}`): a member speaks its pool's wire format",
+                        "`{}` does not speak this pool's API (`{}`): a member speaks its pool's wire format",
                         provider.as_str(),
                         upstream.api.as_str()
                     ),
                 ));
             }
-            if upstream.members.len() > 1 && member.api_key.is_none() && upstream.api_key.is_none()
+            if upstream.members.len() > 1
+                && member.api_key.is_none()
+                && member.entra.is_none()
+                && upstream.api_key.is_none()
+                && upstream.entra.is_none()
             {
                 return Err(ConfigError::key(
                     at("api_key_env"),
@@ -495,6 +500,93 @@ fn check_price(key: &str, price: &ModelPrice) -> Result<(), ConfigError> {
             return Err(ConfigError::key(
                 format!("{key}.{field}"),
                 "must be a number >= 0 with at most 6 decimals (USD per million tokens)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What an account's provider asks of it: one credential, and the settings
+/// only its provider reads left out elsewhere.
+fn account(
+    upstream: &super::UpstreamConfig,
+    member: &super::Member,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    use super::ProviderKind;
+    let own_entra = upstream
+        .members
+        .iter()
+        .find(|config| config.name == member.name)
+        .map_or(upstream.entra.is_some(), |config| config.entra.is_some());
+    let own_key = upstream
+        .members
+        .iter()
+        .find(|config| config.name == member.name)
+        .map_or(upstream.api_key_env.is_some(), |config| {
+            config.api_key_env.is_some()
+        });
+    if (own_entra && own_key) || (upstream.entra.is_some() && upstream.api_key_env.is_some()) {
+        return Err(ConfigError::key(
+            at("entra"),
+            "api_key_env and entra are two credentials for one account: keep one",
+        ));
+    }
+    if member.provider != ProviderKind::Azure {
+        if member.entra.is_some() {
+            return Err(ConfigError::key(
+                at("entra"),
+                "an Entra ID application authenticates an Azure account only (provider: azure)",
+            ));
+        }
+        if member.api_version.is_some() {
+            return Err(ConfigError::key(
+                at("api_version"),
+                "only an Azure account takes an api_version (provider: azure)",
+            ));
+        }
+    }
+    if let Some(entra) = &member.entra {
+        for (field, value) in [
+            ("tenant_id", &entra.tenant_id),
+            ("client_id", &entra.client_id),
+        ] {
+            if value.trim().is_empty() {
+                return Err(ConfigError::key(
+                    at(&format!("entra.{field}")),
+                    "must not be empty",
+                ));
+            }
+        }
+        let authority = reqwest::Url::parse(&entra.authority)
+            .map_err(|err| ConfigError::key(at("entra.authority"), err.to_string()))?;
+        if !matches!(authority.scheme(), "http" | "https") {
+            return Err(ConfigError::key(
+                at("entra.authority"),
+                "must be an http or https URL",
+            ));
+        }
+    }
+    if let Some(version) = &member.api_version
+        && (version.is_empty()
+            || !version
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'))
+    {
+        return Err(ConfigError::key(
+            at("api_version"),
+            "must be an API version such as 2024-10-21 or 2025-04-01-preview",
+        ));
+    }
+    for (model, name) in member.deployments.iter() {
+        let plain = !name.is_empty()
+            && name.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'@')
+            });
+        if !plain {
+            return Err(ConfigError::key(
+                at(&format!("deployments.{model}")),
+                "a deployment or model id is letters, digits and - . _ : @",
             ));
         }
     }

@@ -70,7 +70,7 @@ pub(super) async fn serve(
         request.policy.revalidate,
         fingerprint,
         &header_value(&fingerprint.hex()),
-        request.wire,
+        request.shape,
         None,
         request.echo.as_deref(),
     ))

@@ -45,7 +45,7 @@ use crate::{
     retry_window::Retained,
     tenant::TenantScope,
     upstream::Outbound,
-    wire::{self, GeminiCall},
+    wire::{self, PathCall},
 };
 
 pub use embeddings::ITEMS_HEADER;
@@ -146,7 +146,7 @@ impl Dedup {
     pub async fn serve(
         self: &Arc<Self>,
         endpoint: Endpoint,
-        call: Option<GeminiCall>,
+        call: Option<PathCall>,
         caller: Caller,
         headers: HeaderMap,
         query: Option<String>,
@@ -154,12 +154,15 @@ impl Dedup {
     ) -> Answered {
         let seen = RequestBytes::of(
             endpoint,
-            call.as_ref().map(GeminiCall::path),
+            call.as_ref().map(PathCall::path),
             &caller.tenant,
             &headers,
             query.as_deref(),
             &body,
         );
+        let shape = call
+            .as_ref()
+            .map_or_else(|| wire::of(endpoint).error_shape(), PathCall::error_shape);
         let raw = RawRequest {
             endpoint,
             call,
@@ -177,7 +180,7 @@ impl Dedup {
             .instrument(span)
             .await
             .unwrap_or_else(|error| Answered {
-                response: error.to_response_as(wire::of(endpoint).error_shape()),
+                response: error.to_response_as(shape),
                 decided: Decided::default(),
             })
     }
@@ -319,8 +322,8 @@ fn add_stream_query(query: &mut Option<String>, wire: &dyn wire::Wire) {
 #[derive(Debug, Clone)]
 struct RawRequest {
     endpoint: Endpoint,
-    /// What the path names (Gemini's model and method).
-    call: Option<GeminiCall>,
+    /// What the path names (Gemini's model and method, Azure's deployment).
+    call: Option<PathCall>,
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
@@ -333,6 +336,14 @@ impl RawRequest {
             Some(call) => caller.span_at(crate::telemetry::clipped(call.path())),
             None => caller.span(self.endpoint),
         }
+    }
+
+    /// The error shape its caller parses: its path's, else its endpoint's.
+    fn shape(&self) -> crate::error::ErrorShape {
+        self.call.as_ref().map_or_else(
+            || wire::of(self.endpoint).error_shape(),
+            PathCall::error_shape,
+        )
     }
 
     fn parse(&self, dedup: &Dedup) -> Result<DedupRequest, GatewayError> {
@@ -358,7 +369,7 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
         // A Gemini request goes to the method its caller named, below the
         // upstream's version; the others to their endpoint's path.
         path: match &request.call {
-            Some(call) => Cow::Owned(call.below_version().to_owned()),
+            Some(call) => call.upstream_path(),
             None => Cow::Borrowed(request.endpoint.path()),
         },
         query: request.query.take(),
@@ -367,5 +378,6 @@ fn outbound_of(request: &mut DedupRequest) -> Outbound {
         body: request.raw_body.clone(),
         affinity: Some(request.affinity),
         pin: None,
+        model: Some(request.model.as_str().into()),
     }
 }

@@ -14,7 +14,6 @@ use super::{
 use crate::{
     coalesce::{Answer, Lookup},
     memo::Derived,
-    wire,
 };
 
 pub(super) async fn serve(
@@ -24,6 +23,7 @@ pub(super) async fn serve(
     raw: RawRequest,
 ) -> Answered {
     let bill = &derived.bill;
+    let shape = raw.shape();
     if dedup.traced {
         crate::traces::record_request(&derived.model, &dedup.upstream_names[derived.upstream]);
     }
@@ -66,7 +66,7 @@ pub(super) async fn serve(
         derived.policy.revalidate,
         derived.key.fingerprint,
         &derived.fingerprint_header,
-        wire::of(derived.endpoint),
+        shape,
         Some(derived),
         derived.echo.as_deref(),
     )

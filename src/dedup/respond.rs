@@ -16,7 +16,7 @@ use crate::{
     cache::StoredResponse,
     cache_status::CacheStatus,
     coalesce::Served,
-    error::GatewayError,
+    error::{ErrorShape, GatewayError},
     fingerprint::Fingerprint,
     memo::Derived,
     metrics::Attribution,
@@ -104,7 +104,7 @@ pub(super) fn complete_response(
     revalidate: bool,
     fingerprint: Fingerprint,
     fingerprint_header: &HeaderValue,
-    wire: &dyn Wire,
+    shape: ErrorShape,
     derived: Option<&Derived>,
     echo: Option<&Echo>,
 ) -> Answered {
@@ -164,7 +164,7 @@ pub(super) fn complete_response(
             Answered::new(response, Some(status), fingerprint)
         }
         Err(error) => {
-            let mut response = error.shared_response_as(wire.error_shape());
+            let mut response = error.shared_response_as(shape);
             response
                 .headers_mut()
                 .insert(FINGERPRINT_HEADER_NAME, fingerprint_header.clone());

@@ -119,7 +119,7 @@ pub(super) async fn serve(
         }
         Err(error) => {
             dedup.release_key_of_failed(&request, true).await;
-            let mut response = error.shared_response_as(wire.error_shape());
+            let mut response = error.shared_response_as(request.shape);
             response
                 .headers_mut()
                 .insert(FINGERPRINT_HEADER_NAME, header_value(&fingerprint.hex()));

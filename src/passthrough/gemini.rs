@@ -81,6 +81,7 @@ impl Passthrough<'_> {
             body,
             affinity: None,
             pin: None,
+            model: model.map(Into::into),
         };
         self.relay(&outbound, bill).await
     }

@@ -42,6 +42,7 @@ impl Passthrough<'_> {
                 body: Default::default(),
                 affinity: None,
                 pin: None,
+                model: None,
             };
             // A key of one provider is not shown to another: that upstream's
             // list is left out (all of them foreign: the refusal answers).

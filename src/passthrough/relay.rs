@@ -48,7 +48,7 @@ const HOP_BY_HOP: &[&str] = &[
 fn api_of(path: &str) -> Api {
     match ErrorShape::for_path(path) {
         ErrorShape::Anthropic => Api::Anthropic,
-        ErrorShape::OpenAi => Api::OpenAi,
+        ErrorShape::OpenAi | ErrorShape::Azure => Api::OpenAi,
         ErrorShape::Gemini => Api::Gemini,
     }
 }
@@ -140,6 +140,7 @@ impl Passthrough<'_> {
             body,
             affinity: None,
             pin,
+            model: None,
         };
         self.relay_pinning(&outbound, bill, creates).await
     }

@@ -5,16 +5,15 @@ pub mod body;
 pub mod breaker;
 mod client;
 mod first_event;
-mod outgoing;
 mod pool;
 pub mod retry;
 mod route;
 mod shared_cooldowns;
 mod walk;
 
+pub use crate::provider::DEFAULT_ANTHROPIC_VERSION;
 #[cfg(test)]
 pub(crate) use client::status_error;
 pub use client::{Buffered, FirstEventCheck, Outbound, Upstream};
-pub use outgoing::DEFAULT_ANTHROPIC_VERSION;
 pub use route::Routes;
 pub use shared_cooldowns::{COOLDOWN_POLL_INTERVAL, CooldownSharing};

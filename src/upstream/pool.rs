@@ -23,8 +23,9 @@ use crate::{
     auth::{Provider, bearer_token},
     breaker::BreakerState,
     clock::Clock,
-    config::{Affinity, Api, Config, Member, Secret, UpstreamConfig},
+    config::{Affinity, Api, Config, Member, UpstreamConfig},
     error::GatewayError,
+    provider::Adapter,
     routing::{self, Admission, AffinityKey, LONGEST_COOLDOWN, MemberSpec, SharedCooldown},
 };
 
@@ -36,13 +37,10 @@ pub(super) struct Target {
     pub(super) name: String,
     /// The member's own name (`x-corral-member`).
     pub(super) member: Arc<str>,
-    /// How the provider is authenticated to and which errors it retries.
+    /// Which errors it retries (its wire's).
     pub(super) api: Api,
-    /// Every request URL extends its path (`confined_url`).
-    pub(super) base: reqwest::Url,
-    /// Whose credentials it may be sent (`auth::Provider::of_upstream`).
-    pub(super) provider: Provider,
-    pub(super) api_key: Option<Secret<String>>,
+    /// Its provider: paths, auth and quirks (`provider::Adapter`).
+    pub(super) adapter: Box<dyn Adapter>,
     pub(super) request_timeout: Duration,
     /// How long a read's response head may take (a pass-through `GET`).
     pub(super) first_byte_timeout: Duration,
@@ -64,11 +62,11 @@ impl Target {
         &self,
         authorization: Option<&HeaderValue>,
     ) -> Result<(), GatewayError> {
-        let Some(caller) = authorization.filter(|_| self.api_key.is_none()) else {
+        let Some(caller) = authorization.filter(|_| !self.adapter.has_own_credential()) else {
             return Ok(());
         };
         match Provider::of_key(bearer_token(caller.as_bytes())) {
-            Some(owner) if owner != self.provider => Err(GatewayError::ForeignCredential {
+            Some(owner) if owner != self.adapter.owner() => Err(GatewayError::ForeignCredential {
                 owner: owner.name(),
                 upstream: self.name.clone(),
             }),
@@ -92,7 +90,7 @@ impl Target {
             .pool_max_idle_per_host(256)
             .tcp_nodelay(true)
             .build()?;
-        let base = reqwest::Url::parse(&member.base_url)?;
+        let adapter = crate::provider::adapter(member, &client)?;
         let name = if pool.members.is_empty() {
             pool.name.clone()
         } else {
@@ -103,9 +101,7 @@ impl Target {
             name,
             member: member.name.as_str().into(),
             api: member.api,
-            provider: Provider::of_upstream(member.api, base.host_str()),
-            base,
-            api_key: member.api_key.clone(),
+            adapter,
             request_timeout: member.request_timeout,
             first_byte_timeout: member.first_byte_timeout.min(member.request_timeout),
             stream_head_timeout: member

@@ -100,8 +100,12 @@ impl Upstream {
                 let _place = target.guard.acquire().await;
                 // Only an attempt that goes out is a span (not one the
                 // circuit or a cap refused).
-                let traced =
-                    traces::attempt_context(n, &outbound.method, &target.base, &target.name);
+                let traced = traces::attempt_context(
+                    n,
+                    &outbound.method,
+                    target.adapter.base(),
+                    &target.name,
+                );
                 let result = match &traced {
                     None => call.await,
                     Some(cx) => call.with_context(cx.clone()).await,

@@ -9,7 +9,10 @@
 //! - `gemini.rs`: Gemini's `generateContent`, `streamGenerateContent`,
 //!   `embedContent` and `batchEmbedContents`
 //!   (`POST /v1beta/models/{model}:{method}`), whose path names the model
-//!   and the method (`GeminiCall`).
+//!   and the method;
+//! - `path_call.rs`: what a path names besides its endpoint, for the APIs
+//!   that put the model there (Gemini's, Azure OpenAI's deployments): one
+//!   [`PathCall`] for the layers above.
 //!
 //! Adding an API is one more adapter: a file here implementing [`Wire`] (and
 //! [`StreamFormat`](crate::sse::StreamFormat) for its events), an
@@ -19,6 +22,7 @@ mod anthropic;
 pub mod chat;
 mod echo;
 pub mod gemini;
+mod path_call;
 mod responses;
 
 use bytes::Bytes;
@@ -37,6 +41,7 @@ pub use anthropic::{MESSAGES, MESSAGES_STREAM};
 pub use chat::{CHAT, COMPLETIONS, EMBEDDINGS};
 pub use echo::{Echo, EchoedField};
 pub use gemini::{GEMINI, GEMINI_EMBED, GEMINI_STREAM, GeminiCall, GeminiMethod};
+pub use path_call::{PathApi, PathCall};
 pub use responses::{RESPONSES, RESPONSES_STREAM};
 
 /// The adapter of `endpoint`'s wire format.

@@ -36,6 +36,7 @@ use crate::{
     request::DedupRequest,
     upstream::Outbound,
     usage::{Estimated, Usage},
+    wire::PathCall,
 };
 use gemini::GeminiItems;
 use wire::{ItemizedRequest, SplitAnswer};
@@ -68,7 +69,7 @@ fn items_of(dedup: &Dedup, request: &DedupRequest) -> Result<Arc<dyn Items>, Gat
     Ok(match request.endpoint {
         Endpoint::EmbedContent => Arc::new(GeminiItems::parse(
             &request.body,
-            request.call.as_ref().map(|call| call.method),
+            request.call.as_ref().and_then(PathCall::gemini_method),
             &request.model,
             dedup.item_limits,
         )?),
@@ -119,7 +120,7 @@ pub(in crate::dedup) async fn serve(
             );
             return Answered::new(response, Some(answer.status), fingerprint);
         }
-        Err(error) => error.shared_response_as(request.wire.error_shape()),
+        Err(error) => error.shared_response_as(request.shape),
     };
     response
         .headers_mut()

@@ -356,3 +356,33 @@ proptest! {
         prop_assert_eq!(summary.events, events, "already canonical: byte for byte");
     }
 }
+
+/// Azure's stream: a first chunk with no object, id or model and no choices
+/// (its prompt's filter results), and trailing chunks of filter results
+/// without a delta. Assembled as the answer its content chunks make.
+#[test]
+fn azures_filter_chunks_assemble_into_the_answer() {
+    let filter = json!({"hate": {"filtered": false, "severity": "safe"}});
+    let events = vec![
+        event(
+            &json!({"id": "", "object": "", "created": 0, "model": "", "choices": [],
+                "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": filter}]})
+            .to_string(),
+        ),
+        delta(json!({"role": "assistant", "content": "Hel"}), Value::Null),
+        delta(json!({"content": "lo"}), json!("stop")),
+        chat_chunk(json!([{"index": 0, "finish_reason": null, "content_filter_results": filter}])),
+        done(),
+    ];
+    let answer = assemble(&events).unwrap();
+    assert_eq!(
+        answer["id"], "chatcmpl-1",
+        "the first real id, not Azure's empty one"
+    );
+    assert_eq!(answer["model"], "gpt-4o-mini");
+    assert_eq!(answer["created"], 1700000000);
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["choices"][0]["message"]["content"], "Hello");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    assert_eq!(answer["prompt_filter_results"][0]["prompt_index"], 0);
+}

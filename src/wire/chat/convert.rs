@@ -60,13 +60,15 @@ impl Completion {
 }
 
 /// Top-level members a non-stream answer shares with its chunks; each takes its first
-/// non-null value in the stream.
-const HEADER_FIELDS: [&str; 5] = [
+/// value in the stream that says something (Azure's `prompt_filter_results`, on its
+/// first chunk, is its non-stream answer's too).
+const HEADER_FIELDS: [&str; 6] = [
     "id",
     "created",
     "model",
     "system_fingerprint",
     "service_tier",
+    "prompt_filter_results",
 ];
 
 /// Delta members that are replaced, not concatenated.
@@ -111,7 +113,13 @@ pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
             Some(Value::Array(list)) => list.as_slice(),
             Some(_) => return Err(ConvertError::Malformed("choices")),
         };
-        let found = match chunk.get("object").and_then(Value::as_str) {
+        // Azure's first chunk (its prompt's filter results) says no object:
+        // `"object": ""`, as if it were absent.
+        let found = match chunk
+            .get("object")
+            .and_then(Value::as_str)
+            .filter(|object| !object.is_empty())
+        {
             Some(object) => Some(
                 Completion::of_chunk(object)
                     .ok_or_else(|| ConvertError::UnsupportedObject(object.to_owned()))?,
@@ -140,7 +148,7 @@ pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
         }
         for field in HEADER_FIELDS {
             match chunk.get(field) {
-                Some(value) if !value.is_null() && !has_value(&header, field) => {
+                Some(value) if !is_placeholder(value) && !has_value(&header, field) => {
                     header.insert(field.to_owned(), value.clone());
                 }
                 _ => {}
@@ -203,6 +211,18 @@ pub fn assemble(events: &[Bytes]) -> Result<Value, ConvertError> {
         answer.insert("usage".to_owned(), usage);
     }
     Ok(Value::Object(answer))
+}
+
+/// A header field's value that says nothing: null, or the empty `id`,
+/// `model` and zero `created` of Azure's first chunk (which carries only its
+/// prompt's filter results).
+fn is_placeholder(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(text) => text.is_empty(),
+        Value::Number(number) => number.as_u64() == Some(0),
+        _ => false,
+    }
 }
 
 fn has_value(map: &Map<String, Value>, field: &str) -> bool {

@@ -87,9 +87,12 @@ impl Wire for ChatWire {
             .is_some_and(|choices| {
                 !choices.is_empty()
                     && choices.iter().all(|choice| {
-                        choice
-                            .get("finish_reason")
-                            .is_some_and(|reason| !reason.is_null())
+                        // A content filter's stop is the deployment's policy
+                        // of the day (Azure's), not the model's answer: it is
+                        // relayed, never kept.
+                        choice.get("finish_reason").is_some_and(|reason| {
+                            !reason.is_null() && reason.as_str() != Some("content_filter")
+                        })
                     })
             })
     }
@@ -135,6 +138,8 @@ mod tests {
         assert!(!CHAT.is_complete(open));
         assert!(!CHAT.is_complete(br#"{"choices":[{"finish_reason":"st"#));
         assert!(!CHAT.is_complete(br#"{"choices":[]}"#));
+        let filtered = br#"{"choices":[{"index":0,"message":{"content":""},"finish_reason":"content_filter"}]}"#;
+        assert!(!CHAT.is_complete(filtered), "a filtered answer is not kept");
         assert!(EMBEDDINGS.is_complete(br#"{"data":[{"embedding":[0.1]}]}"#));
         assert!(!EMBEDDINGS.is_complete(br#"{"data":[]}"#));
     }

@@ -1,0 +1,86 @@
+//! Gemini's native API (`/models/{model}:{method}` below its version):
+//! `x-goog-api-key`, or an OAuth token as `Authorization`.
+
+use axum::http::{HeaderValue, header};
+
+use super::{Account, Adapter, Call, Prepared, confined_url};
+use crate::{
+    auth::{self, GEMINI_KEY_HEADER},
+    config::ProviderKind,
+    error::GatewayError,
+};
+
+#[derive(Debug)]
+pub(super) struct Gemini {
+    account: Account,
+    owner: auth::Provider,
+}
+
+impl Gemini {
+    pub(super) fn new(account: Account) -> Self {
+        let owner =
+            auth::Provider::of_upstream(crate::config::Api::Gemini, account.base.host_str());
+        Self { account, owner }
+    }
+}
+
+impl Adapter for Gemini {
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Gemini
+    }
+
+    fn base(&self) -> &reqwest::Url {
+        &self.account.base
+    }
+
+    fn owner(&self) -> auth::Provider {
+        self.owner
+    }
+
+    fn has_own_credential(&self) -> bool {
+        self.account.api_key.is_some()
+    }
+
+    /// The caller's Gemini key as it is; an OAuth token (`Bearer <token>`,
+    /// from `?access_token=`, `auth::gemini_key`) as `Authorization`. The
+    /// model named in the path becomes the account's name for it.
+    fn prepare(
+        &self,
+        call: &Call<'_>,
+        _token: Option<&HeaderValue>,
+    ) -> Result<Prepared, GatewayError> {
+        let mut headers = Vec::with_capacity(1);
+        match (self.account.key_value()?, call.authorization) {
+            (Some(key), _) => headers.push((GEMINI_KEY_HEADER, key)),
+            (None, Some(caller)) if caller.as_bytes().starts_with(b"Bearer ") => {
+                let mut bearer = caller.clone();
+                bearer.set_sensitive(true);
+                headers.push((header::AUTHORIZATION, bearer));
+            }
+            (None, Some(caller)) => {
+                let mut key = caller.clone();
+                key.set_sensitive(true);
+                headers.push((GEMINI_KEY_HEADER, key));
+            }
+            (None, None) => {}
+        }
+        let renamed = match (call.model, self.account.deployment(call)) {
+            (Some(model), Some(name)) => call
+                .path
+                .strip_prefix("/models/")
+                .and_then(|rest| rest.strip_prefix(model))
+                .filter(|method| method.starts_with(':'))
+                .map(|method| format!("/models/{name}{method}")),
+            _ => None,
+        };
+        Ok(Prepared {
+            url: confined_url(
+                &self.account.base,
+                renamed.as_deref().unwrap_or(call.path),
+                call.query,
+            )?,
+            headers,
+            body: call.body.clone(),
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! The providers corral calls, each one adapter behind [`Adapter`]: its
+//! paths (where a call below its base URL goes, and the model's name there),
+//! its auth (the credential's header and form, a token it fetches), and its
+//! quirks. The client (`upstream`) sends what an adapter [`prepare`]s and
+//! knows no provider by name; a new provider adds a file here.
+//!
+//! [`prepare`]: Adapter::prepare
+
+mod anthropic;
+mod azure;
+pub mod entra;
+mod gemini;
+mod openai;
+pub mod token;
+
+use std::fmt;
+
+use axum::http::{HeaderName, HeaderValue, Method};
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::{
+    auth,
+    config::{Member, ProviderKind, Secret},
+    error::GatewayError,
+};
+pub use anthropic::DEFAULT_ANTHROPIC_VERSION;
+use token::TokenCache;
+
+/// One request to a provider, as the client has it: in the terms of the
+/// pool's wire format (OpenAI's `/chat/completions`, Gemini's
+/// `/models/{model}:{method}`), before any provider's own naming.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub method: &'a Method,
+    /// Below the base URL, in the wire's own terms.
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// The public model the request is routed by (`None`: a pass-through
+    /// call, which names none).
+    pub model: Option<&'a str>,
+    /// The caller's headers that go upstream (keyed and allowlisted).
+    pub headers: &'a [(HeaderName, HeaderValue)],
+    /// The caller's credential, sent only to an account without one of its
+    /// own, in the form its provider takes.
+    pub authorization: Option<&'a HeaderValue>,
+    pub body: &'a Bytes,
+}
+
+/// What one attempt sends, as the provider takes it.
+#[derive(Debug)]
+pub struct Prepared {
+    pub url: reqwest::Url,
+    /// The credential and version headers, added after the caller's.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Bytes,
+}
+
+/// A provider: how a call in its wire's terms becomes a request it takes.
+pub trait Adapter: Send + Sync + fmt::Debug {
+    fn kind(&self) -> ProviderKind;
+
+    /// Every request URL extends its path (`confined_url`).
+    fn base(&self) -> &reqwest::Url;
+
+    /// Whose credentials the account may be sent: a caller's credential of
+    /// another provider's form is refused before anything is sent.
+    fn owner(&self) -> auth::Provider;
+
+    /// Whether corral authenticates itself (a key, a token it fetches): the
+    /// caller's credential is then never sent.
+    fn has_own_credential(&self) -> bool;
+
+    /// The account's token source, when it authenticates with tokens it
+    /// fetches (Entra ID): the client asks it for a token before each attempt.
+    fn token(&self) -> Option<&TokenCache> {
+        None
+    }
+
+    /// The request for `call`; `token` is the bearer from [`Adapter::token`].
+    fn prepare(
+        &self,
+        call: &Call<'_>,
+        token: Option<&HeaderValue>,
+    ) -> Result<Prepared, GatewayError>;
+}
+
+/// The adapter for `member`, calling with `client` (a token request too).
+pub fn adapter(member: &Member, client: &reqwest::Client) -> anyhow::Result<Box<dyn Adapter>> {
+    let account = Account::new(member)?;
+    Ok(match member.provider {
+        ProviderKind::OpenAi => Box::new(openai::OpenAi::new(account)),
+        ProviderKind::Anthropic => Box::new(anthropic::Anthropic::new(account)),
+        ProviderKind::Gemini => Box::new(gemini::Gemini::new(account)),
+        ProviderKind::Azure => Box::new(azure::Azure::new(account, member, client)?),
+    })
+}
+
+/// What every adapter holds of its account.
+#[derive(Debug)]
+struct Account {
+    base: reqwest::Url,
+    api_key: Option<Secret<String>>,
+    /// Public model name -> the account's name for it.
+    deployments: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+}
+
+impl Account {
+    fn new(member: &Member) -> anyhow::Result<Self> {
+        Ok(Self {
+            base: reqwest::Url::parse(&member.base_url)?,
+            api_key: member.api_key.clone(),
+            deployments: member.deployments.clone(),
+        })
+    }
+
+    /// The account's name for the call's model, when it has one of its own.
+    fn deployment(&self, call: &Call<'_>) -> Option<&str> {
+        self.deployments.get(call.model?).map(String::as_str)
+    }
+
+    /// The account's key as a header value, marked sensitive.
+    fn key_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
+        self.api_key
+            .as_ref()
+            .map(|key| sensitive(key.expose().as_bytes()))
+            .transpose()
+    }
+}
+
+/// A credential as a header value that never reaches a log.
+fn sensitive(bytes: &[u8]) -> Result<HeaderValue, GatewayError> {
+    let mut value = HeaderValue::from_bytes(bytes)
+        .map_err(|_| GatewayError::invalid("the API key is not a valid header value"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// `body` with its `model` set to `name`; the body as it is when it names
+/// that already or is not a JSON object (a multipart upload).
+fn with_model(body: &Bytes, name: &str) -> Bytes {
+    let Ok(mut object) = serde_json::from_slice::<serde_json::Map<String, Value>>(body) else {
+        return body.clone();
+    };
+    if object.get("model").and_then(Value::as_str) == Some(name) {
+        return body.clone();
+    }
+    object.insert("model".to_owned(), Value::String(name.to_owned()));
+    serde_json::to_vec(&object).map_or_else(|_| body.clone(), Bytes::from)
+}
+
+/// The request URL: the base URL joined with `path` and `query`. It must be
+/// a strict extension of the base URL's path on the same origin
+/// (`passthrough::ProxyPath` already refused every way out; this is the last
+/// word, for every provider).
+pub fn confined_url(
+    base: &reqwest::Url,
+    path: &str,
+    query: Option<&str>,
+) -> Result<reqwest::Url, GatewayError> {
+    let base_path = base.path().trim_end_matches('/');
+    let mut text = format!("{}{path}", base.as_str().trim_end_matches('/'));
+    if let Some(query) = query {
+        text.push('?');
+        text.push_str(query);
+    }
+    let refused = || GatewayError::PathRefused {
+        reason: "it leads outside the upstream's base_url",
+    };
+    let url = reqwest::Url::parse(&text).map_err(|_| refused())?;
+    let inside = url.origin() == base.origin()
+        && url
+            .path()
+            .strip_prefix(base_path)
+            .is_some_and(|rest| rest.len() > 1 && rest.starts_with('/'));
+    if inside { Ok(url) } else { Err(refused()) }
+}
+
+#[cfg(test)]
+mod tests;
