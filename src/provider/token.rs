@@ -160,7 +160,7 @@ impl TokenCache {
         let refresh = {
             let mut state = self.inner.lock();
             if let Some(held) = &state.held
-                && now < held.refresh_at
+                && now < held.expires_at
             {
                 let authorization = held.authorization.clone();
                 if now >= held.refresh_at {

@@ -12,6 +12,7 @@ mod allocator;
 mod announce;
 mod anthropic;
 mod anthropic_sdk;
+mod azure;
 mod bad_input;
 mod budget_paths;
 mod budgets;
