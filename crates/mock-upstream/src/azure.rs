@@ -47,10 +47,10 @@ const MAX_REFUSED_BODY_BYTES: usize = 1024 * 1024;
 /// How long a 429 tells the client to wait when the injected failure names no `retry_after`.
 const DEFAULT_RATE_LIMIT_RESET: std::time::Duration = std::time::Duration::from_secs(1);
 
-const INVALID_KEY: &str = "Access denied due to invalid subscription key or wrong API endpoint. \
+pub(super) const INVALID_KEY: &str = "Access denied due to invalid subscription key or wrong API endpoint. \
      Make sure to provide a valid key for an active subscription and use a correct regional API \
      endpoint for your resource.";
-const INVALID_TOKEN: &str = "Unauthorized. Access token is missing, invalid, audience is \
+pub(super) const INVALID_TOKEN: &str = "Unauthorized. Access token is missing, invalid, audience is \
      incorrect (https://cognitiveservices.azure.com), or have expired.";
 
 /// Which Azure OpenAI operation a call is.

@@ -301,3 +301,7 @@ pub(super) fn random_guid() -> String {
         &hex[20..]
     )
 }
+
+#[cfg(test)]
+#[path = "entra_tests.rs"]
+mod tests;

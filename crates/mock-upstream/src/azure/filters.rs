@@ -222,7 +222,7 @@ fn annotate_stream(events: SseEvents, how: StreamAnnotations) -> SseEvents {
     // chunks then do too.
     let with_usage = events
         .first()
-        .and_then(|event| chunk_of(event))
+        .and_then(chunk_of)
         .is_some_and(|chunk| chunk.get("usage").is_some());
     let mut opening = json!({
         "id": "", "object": "", "created": 0, "model": "", "choices": [],
