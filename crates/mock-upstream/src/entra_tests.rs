@@ -259,3 +259,75 @@ async fn token_requests_are_waited_for_and_reset_but_tokens_outlive_a_reset() {
         "no queued lifetimes after a reset"
     );
 }
+
+#[tokio::test]
+async fn admin_routes_steer_keys_the_client_and_lifetimes_and_report_token_requests() {
+    let mock = start().await;
+    let admin = |path: &str, body: Value| {
+        client()
+            .post(format!("{}/__mock/{path}", mock.azure_endpoint()))
+            .json(&body)
+            .send()
+    };
+    let status = |response: reqwest::Response| response.status().as_u16();
+    assert_eq!(
+        status(
+            admin("azure_keys", json!({"keys": ["k1"]}))
+                .await
+                .expect("sent")
+        ),
+        204
+    );
+    assert_eq!(
+        status(
+            admin(
+                "entra_client",
+                json!({"client_id": "app", "client_secret": "s"})
+            )
+            .await
+            .expect("sent")
+        ),
+        204
+    );
+    assert_eq!(
+        status(
+            admin("token_lifetimes", json!({"ms": [2000]}))
+                .await
+                .expect("sent")
+        ),
+        204
+    );
+    assert_eq!(
+        status(
+            admin("token_lifetimes", json!({"seconds": [2]}))
+                .await
+                .expect("sent")
+        ),
+        400
+    );
+
+    let (code, body) = ask(&mock, &grant("app", "s", SCOPE)).await;
+    assert_eq!((code, &body["expires_in"]), (200, &json!(2)));
+    assert_eq!(ask(&mock, &grant("app", "secret", SCOPE)).await.0, 401);
+    let key_call = client()
+        .post(format!("{}/openai/v1/embeddings", mock.azure_endpoint()))
+        .header("api-key", "k2")
+        .json(&json!({"model": "d", "input": "x"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(key_call.status(), 401);
+
+    let tokens: Value = client()
+        .get(format!(
+            "{}/__mock/tokens?wait_for=2&timeout_ms=5000",
+            mock.azure_endpoint()
+        ))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(tokens, json!({"token_requests": 2, "reached": true}));
+}

@@ -1,5 +1,5 @@
-//! The mock provider (OpenAI, Anthropic and Gemini): a real HTTP server that stands in for the paid
-//! providers in the integration tests, the demos and the load tests.
+//! The mock provider (OpenAI, Anthropic, Gemini and Azure OpenAI): a real HTTP server that
+//! stands in for the paid providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/images/generations`, `/v1/models`, and `/v1/responses` in
@@ -19,8 +19,27 @@
 //! (`stream_starts.rs`). The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
-//! It deliberately does not model tokenizers, rate limits or authentication: the gateway
-//! forwards those untouched, so the mock only has to make them observable. Tool calls are
+//! Azure OpenAI (`azure.rs`) answers the OpenAI content by Azure's paths, billed and steered
+//! like the OpenAI calls: the v1 shape, `/openai/v1/{chat/completions, completions, embeddings,
+//! responses}` with the deployment as the body's `model`, and the versioned shape,
+//! `/openai/deployments/{deployment}/{chat/completions, completions, embeddings}` and
+//! `/openai/responses`, each with `?api-version=` (without it: Azure's 404). Answers name the
+//! snapshot [`AZURE_CHAT_MODEL`] (embeddings: [`AZURE_EMBEDDING_MODEL`]) and carry Azure's
+//! content-filter annotations; a streamed chat opens with a choice-less prompt-annotation chunk
+//! and follows each finish with a delta-less annotation chunk. [`CONTENT_FILTER_400_TRIGGER`]
+//! and [`CONTENT_FILTER_FINISH_TRIGGER`] in a user message provoke the filter's two verdicts;
+//! injected failures there take Azure's error shape and rate-limit headers. Unlike the other
+//! surfaces, Azure's authenticates: `api-key` with an accepted key
+//! ([`MockProvider::set_azure_keys`]; any non-empty key when none is set) or `Authorization:
+//! Bearer` with an unexpired token from the mock's Entra endpoint, `POST
+//! /{tenant}/oauth2/v2.0/token` (`entra.rs`: client credentials checked against
+//! [`MockProvider::set_entra_client`], lifetimes queued by
+//! [`MockProvider::push_token_lifetime`], requests counted by
+//! [`MockProvider::token_requests`], apart from the calls). Requests the door refuses are no
+//! calls; [`MockProvider::azure_refused`] keeps them.
+//!
+//! Elsewhere it deliberately does not model tokenizers, rate limits or authentication: the
+//! gateway forwards those untouched, so the mock only has to make them observable. Tool calls are
 //! modelled only where an agent needs one to take a step: a Responses request that forces a
 //! tool (`tool_choice`) is answered with a `function_call` (`responses.rs`).
 

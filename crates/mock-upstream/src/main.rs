@@ -4,7 +4,8 @@
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
 //! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
-//! script, truncate, stream_padding, stream_ends) steer it while it runs. This file only wires: arguments, logging, bind,
+//! script, truncate, stream_padding, stream_ends, azure_keys, entra_client, token_lifetimes, tokens)
+//! steer it while it runs. This file only wires: arguments, logging, bind,
 //! one ready line on stdout, serve until ctrl-c or SIGTERM.
 
 use std::io::Write as _;
@@ -16,7 +17,8 @@ use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI-, Anthropic- and Gemini-compatible provider for tests, demos and load tests.
+/// A fake OpenAI-, Anthropic-, Gemini- and Azure-OpenAI-compatible provider for tests, demos
+/// and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
 struct Args {
