@@ -340,7 +340,7 @@ impl MockProvider {
 
     /// Billable calls received so far (chat completions, completions, embeddings, messages,
     /// token counts, transcriptions, image generations, Gemini's `models/{model}:{method}`
-    /// calls), counted on
+    /// calls, Azure's operations once past its door; not Entra's token requests), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()
