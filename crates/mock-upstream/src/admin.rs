@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::http::openai_error;
-use super::{FailureMode, Scripted, Shared};
+use super::{EntraClient, FailureMode, Scripted, Shared};
 
 /// How long `GET /__mock/calls?wait_for=N` waits when no `timeout_ms` is given.
 const DEFAULT_WAIT: Duration = Duration::from_secs(30);
@@ -41,6 +41,10 @@ pub(super) fn router() -> Router<Arc<Shared>> {
             "/__mock/stream_ends",
             get(stream_ends).post(hold_stream_ends),
         )
+        .route("/__mock/azure_keys", post(azure_keys))
+        .route("/__mock/entra_client", post(entra_client))
+        .route("/__mock/token_lifetimes", post(token_lifetimes))
+        .route("/__mock/tokens", get(tokens))
 }
 
 #[derive(Debug, Deserialize)]
@@ -254,6 +258,77 @@ async fn stream_ends(
         "reached": reached,
     }))
     .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AzureKeysBody {
+    keys: Vec<String>,
+}
+
+/// `POST /__mock/azure_keys` with `{keys}`: the keys Azure routes accept (empty: any non-empty).
+async fn azure_keys(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: AzureKeysBody = parse(&body)?;
+    shared.azure.set_keys(body.keys);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntraClientBody {
+    client_id: String,
+    client_secret: String,
+}
+
+/// `POST /__mock/entra_client` with `{client_id, client_secret}`: the only client Entra's token
+/// endpoint issues tokens to from now on.
+async fn entra_client(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: EntraClientBody = parse(&body)?;
+    shared
+        .entra
+        .set_client(Some(EntraClient::new(body.client_id, body.client_secret)));
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenLifetimesBody {
+    ms: Vec<u64>,
+}
+
+/// `POST /__mock/token_lifetimes` with `{ms: [...]}`: the lifetimes of the next tokens, in
+/// order; tokens beyond them live an hour.
+async fn token_lifetimes(
+    State(shared): State<Arc<Shared>>,
+    body: Bytes,
+) -> Result<StatusCode, BadAdminRequest> {
+    let body: TokenLifetimesBody = parse(&body)?;
+    shared
+        .entra
+        .set_lifetimes(body.ms.into_iter().map(Duration::from_millis).collect());
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /__mock/tokens[?wait_for=N&timeout_ms=M]`: `{token_requests, reached}`, after waiting
+/// (woken by arrivals) until at least N token requests arrived or M ms passed.
+async fn tokens(State(shared): State<Arc<Shared>>, Query(query): Query<CallsQuery>) -> Response {
+    let reached = match query.wait_for {
+        Some(n) => {
+            let timeout = query.timeout_ms.map_or(DEFAULT_WAIT, Duration::from_millis);
+            shared
+                .entra
+                .wait_for_requests(n, timeout, &shared.stopping)
+                .await
+        }
+        None => true,
+    };
+    Json(json!({"token_requests": shared.entra.requests(), "reached": reached})).into_response()
 }
 
 /// An admin body that does not say what it should; answered 400 in OpenAI's error shape.

@@ -1,6 +1,7 @@
 //! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
 //! script or failure or answer) and the headers every response carries; a streamed answer is
-//! delivered by `delivery.rs`.
+//! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`) before they take
+//! that path; Entra's token endpoint (`entra.rs`) is not billable.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,13 +14,15 @@ use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use bytes::Bytes;
 use serde_json::json;
 
 use super::admin;
 use super::anthropic;
+use super::azure::{self, Operation, Shape};
 use super::delivery::{self, Delivery};
+use super::entra;
 use super::gemini;
 use super::openai::{self, Answer, InvalidRequest};
 use super::{FailureMode, RecordedRequest, Scripted, Shared};
@@ -48,6 +51,28 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1beta/models", get(gemini_models))
         .route("/v1beta/models/{target}", post(gemini_call))
+        .route(
+            "/openai/v1/chat/completions",
+            post(azure_v1_chat_completions),
+        )
+        .route("/openai/v1/completions", post(azure_v1_completions))
+        .route("/openai/v1/embeddings", post(azure_v1_embeddings))
+        .route("/openai/v1/responses", post(azure_v1_responses))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat_completions),
+        )
+        .route(
+            "/openai/deployments/{deployment}/completions",
+            post(azure_completions),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(azure_embeddings),
+        )
+        .route("/openai/responses", post(azure_responses))
+        .route("/openai/{*rest}", any(azure_not_found))
+        .merge(entra::router())
         .merge(admin::router())
         .fallback(not_found)
         .layer(middleware::from_fn(provider_headers))
@@ -71,6 +96,8 @@ enum Endpoint {
     CountTokens,
     /// Gemini's `models/{model}:{method}`.
     Gemini,
+    /// An Azure OpenAI operation, past Azure's door.
+    Azure(Operation),
 }
 
 impl Endpoint {
@@ -129,6 +156,65 @@ async fn count_tokens(State(shared): State<Arc<Shared>>, request: Request) -> Re
 
 async fn gemini_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     billable(&shared, Endpoint::Gemini, request).await
+}
+
+async fn azure_v1_chat_completions(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+) -> Response {
+    azure_call(&shared, Operation::ChatCompletions, Shape::V1, request).await
+}
+
+async fn azure_v1_completions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Completions, Shape::V1, request).await
+}
+
+async fn azure_v1_embeddings(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Embeddings, Shape::V1, request).await
+}
+
+async fn azure_v1_responses(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Responses, Shape::V1, request).await
+}
+
+async fn azure_chat_completions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(
+        &shared,
+        Operation::ChatCompletions,
+        Shape::Versioned,
+        request,
+    )
+    .await
+}
+
+async fn azure_completions(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Completions, Shape::Versioned, request).await
+}
+
+async fn azure_embeddings(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Embeddings, Shape::Versioned, request).await
+}
+
+async fn azure_responses(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    azure_call(&shared, Operation::Responses, Shape::Versioned, request).await
+}
+
+/// An Azure call: through Azure's door, then billed like any other.
+async fn azure_call(
+    shared: &Arc<Shared>,
+    operation: Operation,
+    shape: Shape,
+    request: Request,
+) -> Response {
+    match shared.admit_azure(request, shape).await {
+        Ok(request) => billable(shared, Endpoint::Azure(operation), request).await,
+        Err(refusal) => refusal,
+    }
+}
+
+/// Any other path under `/openai/`: Azure's 404.
+async fn azure_not_found() -> Response {
+    azure::azure_error(StatusCode::NOT_FOUND, "404", "Resource not found")
 }
 
 /// `POST /v1/models/{target}`: Gemini's `models/{model}:{method}` as the 3.x SDKs send it; any
@@ -199,22 +285,10 @@ async fn not_found(request: Request) -> Response {
 async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, MAX_BODY_BYTES).await;
-    let recorded = RecordedRequest {
-        path: parts.uri.path().to_owned(),
-        query: parts.uri.query().map(str::to_owned),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                )
-            })
-            .collect(),
-        body: body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone),
-        at: Instant::now(),
-    };
+    let recorded = RecordedRequest::of(
+        &parts,
+        body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone),
+    );
     let arrival = shared.arrive(recorded);
     tracing::debug!(call = arrival.call, ?endpoint, "mock provider call");
 
@@ -229,7 +303,7 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
     let mut response = if let Some(script) = arrival.script {
         scripted_response(script)
     } else if let Some(failure) = shared.failure().filter(rolls_failure) {
-        failure_response(&failure, endpoint)
+        failure_response(&failure, endpoint, parts.uri.query())
     } else {
         match body {
             Err(error) => endpoint.error(
@@ -255,9 +329,15 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Gemini => {
                         gemini::call(parts.uri.path(), parts.uri.query(), &body, arrival.call)
                     }
+                    Endpoint::Azure(operation) => {
+                        azure::answer(operation, parts.uri.path(), &body, arrival.call)
+                    }
                 };
                 match (endpoint, &answer) {
-                    (Endpoint::Embeddings, Ok(_)) => {
+                    (
+                        Endpoint::Embeddings | Endpoint::Azure(Operation::Embeddings),
+                        Ok(Answer::Json(_)),
+                    ) => {
                         shared.embedded(openai::embedding_inputs(&body));
                     }
                     (Endpoint::Gemini, Ok(_)) => {
@@ -267,6 +347,7 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                 }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
+                    Ok(Answer::Blocked { status, body }) => (status, Json(body)).into_response(),
                     Ok(Answer::Stream(events)) => delivery::sse_response(
                         Arc::clone(shared),
                         events,
@@ -326,10 +407,13 @@ fn scripted_response(script: Scripted) -> Response {
 /// An injected failure, shaped like the provider's own errors. Anthropic sends
 /// `retry-after` in seconds only; OpenAI adds the precise `retry-after-ms`; Gemini's is
 /// `gemini::failure`'s.
-fn failure_response(failure: &FailureMode, endpoint: Endpoint) -> Response {
+fn failure_response(failure: &FailureMode, endpoint: Endpoint, query: Option<&str>) -> Response {
     let status = status_or_500(failure.status);
     if let Endpoint::Gemini = endpoint {
         return gemini::failure(failure, status);
+    }
+    if let Endpoint::Azure(operation) = endpoint {
+        return azure::failure(failure, status, operation, query);
     }
     if endpoint.is_anthropic() {
         let message = match status.as_u16() {
@@ -391,6 +475,28 @@ pub(super) fn openai_error(
         "error": {"message": message, "type": kind, "param": null, "code": code},
     });
     (status, Json(body)).into_response()
+}
+
+impl RecordedRequest {
+    /// A request as it reached the mock, its body already read.
+    pub(super) fn of(parts: &axum::http::request::Parts, body: Bytes) -> Self {
+        Self {
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().map(str::to_owned),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_owned(),
+                        String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            body,
+            at: Instant::now(),
+        }
+    }
 }
 
 /// Add the headers a real provider sends on every response.

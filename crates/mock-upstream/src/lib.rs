@@ -1,5 +1,5 @@
-//! The mock provider (OpenAI, Anthropic and Gemini): a real HTTP server that stands in for the paid
-//! providers in the integration tests, the demos and the load tests.
+//! The mock provider (OpenAI, Anthropic, Gemini and Azure OpenAI): a real HTTP server that
+//! stands in for the paid providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/embeddings`, `/v1/audio/transcriptions`, `/v1/images/generations`, `/v1/models`, and `/v1/responses` in
@@ -19,14 +19,35 @@
 //! (`stream_starts.rs`). The same knobs are exposed over
 //! HTTP under `/__mock/*` for the `mock-upstream` binary (`http.rs`, `admin.rs`).
 //!
-//! It deliberately does not model tokenizers, rate limits or authentication: the gateway
-//! forwards those untouched, so the mock only has to make them observable. Tool calls are
+//! Azure OpenAI (`azure.rs`) answers the OpenAI content by Azure's paths, billed and steered
+//! like the OpenAI calls: the v1 shape, `/openai/v1/{chat/completions, completions, embeddings,
+//! responses}` with the deployment as the body's `model`, and the versioned shape,
+//! `/openai/deployments/{deployment}/{chat/completions, completions, embeddings}` and
+//! `/openai/responses`, each with `?api-version=` (without it: Azure's 404). Answers name the
+//! snapshot [`AZURE_CHAT_MODEL`] (embeddings: [`AZURE_EMBEDDING_MODEL`]) and carry Azure's
+//! content-filter annotations; a streamed chat opens with a choice-less prompt-annotation chunk
+//! and follows each finish with a delta-less annotation chunk. [`CONTENT_FILTER_400_TRIGGER`]
+//! and [`CONTENT_FILTER_FINISH_TRIGGER`] in a user message provoke the filter's two verdicts;
+//! injected failures there take Azure's error shape and rate-limit headers. Unlike the other
+//! surfaces, Azure's authenticates: `api-key` with an accepted key
+//! ([`MockProvider::set_azure_keys`]; any non-empty key when none is set) or `Authorization:
+//! Bearer` with an unexpired token from the mock's Entra endpoint, `POST
+//! /{tenant}/oauth2/v2.0/token` (`entra.rs`: client credentials checked against
+//! [`MockProvider::set_entra_client`], lifetimes queued by
+//! [`MockProvider::push_token_lifetime`], requests counted by
+//! [`MockProvider::token_requests`], apart from the calls). Requests the door refuses are no
+//! calls; [`MockProvider::azure_refused`] keeps them.
+//!
+//! Elsewhere it deliberately does not model tokenizers, rate limits or authentication: the
+//! gateway forwards those untouched, so the mock only has to make them observable. Tool calls are
 //! modelled only where an agent needs one to take a step: a Responses request that forces a
 //! tool (`tool_choice`) is answered with a `function_call` (`responses.rs`).
 
 mod admin;
 mod anthropic;
+mod azure;
 mod delivery;
+mod entra;
 mod gemini;
 mod http;
 mod openai;
@@ -37,7 +58,12 @@ mod test_support;
 #[cfg(test)]
 mod tests;
 
+pub use azure::{
+    AZURE_CHAT_MODEL, AZURE_EMBEDDING_MODEL, CONTENT_FILTER_400_TRIGGER,
+    CONTENT_FILTER_FINISH_TRIGGER,
+};
 pub use delivery::StreamsAtEnd;
+pub use entra::EntraClient;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -73,6 +99,11 @@ pub struct MockSettings {
     /// The model ids `/v1/models` lists; `None` lists the default three (`gpt-4o-mini`,
     /// `gpt-4o`, `text-embedding-3-small`). A gateway with two mocks tells them apart by these.
     pub models: Option<Vec<String>>,
+    /// The keys Azure routes accept in `api-key`; empty accepts any non-empty key.
+    pub azure_keys: Vec<String>,
+    /// The app registration Entra's token endpoint knows; `None` issues a token to any client
+    /// that sends a non-empty secret.
+    pub entra_client: Option<EntraClient>,
 }
 
 /// Make a share of the billable calls fail with an error in the shape of the endpoint's API
@@ -162,10 +193,11 @@ impl RecordedRequest {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Which credential headers the request carried, of `authorization` and `x-api-key`, in
-    /// that order: how a test sees that a gateway sent the provider's key the way it expects.
+    /// Which credential headers the request carried, of `authorization`, `x-api-key` and
+    /// `api-key` (Azure's), in that order: how a test sees that a gateway sent the provider's
+    /// key the way it expects.
     pub fn auth_headers(&self) -> Vec<&'static str> {
-        ["authorization", "x-api-key"]
+        ["authorization", "x-api-key", "api-key"]
             .into_iter()
             .filter(|name| self.header(name).is_some())
             .collect()
@@ -244,9 +276,71 @@ impl MockProvider {
         self.inner.addr
     }
 
+    /// The Azure OpenAI endpoint of this mock, `http://127.0.0.1:PORT` (what
+    /// `AzureOpenAI(azure_endpoint=...)` takes; the v1 base URL is this plus `/openai/v1`).
+    pub fn azure_endpoint(&self) -> String {
+        format!("http://{}", self.inner.addr)
+    }
+
+    /// The Entra token URL of `tenant` on this mock, in place of
+    /// `https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token`.
+    pub fn entra_token_url(&self, tenant: &str) -> String {
+        format!("http://{}/{tenant}/oauth2/v2.0/token", self.inner.addr)
+    }
+
+    /// From now on, Azure routes accept exactly these keys in `api-key`; an empty list accepts
+    /// any non-empty key.
+    pub fn set_azure_keys(&self, keys: Vec<String>) {
+        self.inner.shared.azure.set_keys(keys);
+    }
+
+    /// From now on, Entra's token endpoint issues tokens only to this client and secret.
+    pub fn set_entra_client(&self, client_id: impl Into<String>, client_secret: impl Into<String>) {
+        self.inner
+            .shared
+            .entra
+            .set_client(Some(EntraClient::new(client_id, client_secret)));
+    }
+
+    /// Queue the lifetime of the next token issued (FIFO); tokens beyond the queue live an
+    /// hour. `expires_in` reports it in whole seconds, rounded down; the token is refused from
+    /// the exact instant it expires, by tokio's clock (so a paused test clock ages it).
+    pub fn push_token_lifetime(&self, lifetime: Duration) {
+        self.inner.shared.entra.push_lifetime(lifetime);
+    }
+
+    /// Replace the queue of token lifetimes, e.g. `[1s]`: the first token lives a second, the
+    /// next ones an hour.
+    pub fn set_token_lifetimes(&self, lifetimes: Vec<Duration>) {
+        self.inner.shared.entra.set_lifetimes(lifetimes);
+    }
+
+    /// Requests to Entra's token endpoint so far, refused ones included. Not billable calls:
+    /// they are not in [`calls`](Self::calls).
+    pub fn token_requests(&self) -> u64 {
+        self.inner.shared.entra.requests()
+    }
+
+    /// Wait until `token_requests() >= n`; false if `timeout` passed first. Woken by each
+    /// arrival, like [`wait_for_calls`](Self::wait_for_calls).
+    pub async fn wait_for_token_requests(&self, n: u64, timeout: Duration) -> bool {
+        let shared = &self.inner.shared;
+        shared
+            .entra
+            .wait_for_requests(n, timeout, &shared.stopping)
+            .await
+    }
+
+    /// Azure requests turned away at the door since start or the last reset (401 for a
+    /// missing, wrong or expired credential, 404 for a missing `api-version`), in arrival
+    /// order, bodies included. They are not calls: nothing was billed, held or scripted.
+    pub fn azure_refused(&self) -> Vec<RecordedRequest> {
+        self.inner.shared.azure.refused()
+    }
+
     /// Billable calls received so far (chat completions, completions, embeddings, messages,
     /// token counts, transcriptions, image generations, Gemini's `models/{model}:{method}`
-    /// calls), counted on
+    /// calls, Azure's operations once past its door; not Entra's token requests), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()
@@ -389,7 +483,9 @@ impl MockProvider {
 
     /// Back to the state right after start: counters, recorded requests and scripts cleared,
     /// held calls and stream ends released, failure, latency and truncation as in the startup
-    /// settings, no padding.
+    /// settings, no padding; Azure keys and the Entra client as in the settings, no queued
+    /// token lifetimes, token requests and refused Azure requests cleared. Tokens already
+    /// issued stay valid until they expire.
     pub fn reset(&self) {
         self.inner.shared.reset();
     }
@@ -413,6 +509,10 @@ struct Shared {
     hold: watch::Sender<HoldState>,
     /// Cancelled when the server begins shutting down, to let go of held calls and long polls.
     stopping: CancellationToken,
+    /// Azure's door: the accepted keys and the requests it turned away.
+    azure: azure::Door,
+    /// Entra's token endpoint: the known client, queued lifetimes, issued tokens.
+    entra: entra::Entra,
 }
 
 /// What is recorded per call; one lock so the count, the record and the script popped for a
@@ -458,6 +558,8 @@ impl Shared {
             calls: watch::Sender::new(0),
             hold: watch::Sender::new(HoldState::default()),
             stopping: CancellationToken::new(),
+            azure: azure::Door::new(settings.azure_keys.clone()),
+            entra: entra::Entra::new(settings.entra_client.clone()),
             settings,
         }
     }
@@ -585,6 +687,8 @@ impl Shared {
         self.stream_padding.store(0, Ordering::Relaxed);
         self.set_stream_ends_held(false);
         self.set_stream_starts_held(false);
+        self.azure.reset();
+        self.entra.reset();
     }
 }
 

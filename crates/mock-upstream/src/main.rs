@@ -1,9 +1,11 @@
-//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic and Gemini APIs), for integration tests, demos and load tests.
+//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini and Azure OpenAI APIs,
+//! Entra's token endpoint included), for integration tests, demos and load tests.
 //!
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
 //! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
-//! script, truncate, stream_padding, stream_ends) steer it while it runs. This file only wires: arguments, logging, bind,
+//! script, truncate, stream_padding, stream_ends, azure_keys, entra_client, token_lifetimes, tokens)
+//! steer it while it runs. This file only wires: arguments, logging, bind,
 //! one ready line on stdout, serve until ctrl-c or SIGTERM.
 
 use std::io::Write as _;
@@ -11,11 +13,12 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
-use mock_upstream::{FailureMode, MockProvider, MockSettings};
+use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI-, Anthropic- and Gemini-compatible provider for tests, demos and load tests.
+/// A fake OpenAI-, Anthropic-, Gemini- and Azure-OpenAI-compatible provider for tests, demos
+/// and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
 struct Args {
@@ -43,6 +46,15 @@ struct Args {
     /// `error.code` sent with failures, e.g. `insufficient_quota`.
     #[arg(long, requires = "fail_status")]
     fail_code: Option<String>,
+    /// A key the Azure routes accept in `api-key`; repeat for more. None: any non-empty key.
+    #[arg(long = "azure-key")]
+    azure_keys: Vec<String>,
+    /// The client id Entra's token endpoint knows. None: any client with a non-empty secret.
+    #[arg(long, requires = "entra_client_secret")]
+    entra_client_id: Option<String>,
+    /// That client's secret.
+    #[arg(long, requires = "entra_client_id")]
+    entra_client_secret: Option<String>,
 }
 
 #[tokio::main]
@@ -68,6 +80,11 @@ async fn main() -> anyhow::Result<()> {
             code: args.fail_code.clone(),
         }),
         models: None,
+        azure_keys: args.azure_keys,
+        entra_client: args
+            .entra_client_id
+            .zip(args.entra_client_secret)
+            .map(|(id, secret)| EntraClient::new(id, secret)),
     };
 
     let listener = TcpListener::bind(args.listen)

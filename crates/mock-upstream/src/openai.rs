@@ -7,6 +7,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::http::StatusCode;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
@@ -29,6 +30,12 @@ const MAX_DIMENSIONS: u64 = 4096;
 pub(super) enum Answer {
     Json(Value),
     Stream(SseEvents),
+    /// An error the provider sends as its verdict on the request's content (Azure's content
+    /// filter): billed and answered like any call, but with this status and body.
+    Blocked {
+        status: StatusCode,
+        body: Value,
+    },
 }
 
 /// The complete list of events of a streamed answer, each already framed as its API frames it
@@ -735,7 +742,8 @@ fn base64_encode(bytes: &[u8]) -> String {
     out
 }
 
-fn sse(event: &Value) -> Bytes {
+/// One chat or completions chunk framed as an SSE `data:` event.
+pub(super) fn sse(event: &Value) -> Bytes {
     Bytes::from(format!("data: {event}\n\n"))
 }
 
