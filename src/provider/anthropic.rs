@@ -4,7 +4,7 @@ use axum::http::{HeaderName, HeaderValue, header};
 
 use super::{Account, Adapter, Call, Prepared, confined_url, with_model};
 use crate::{
-    auth::{self, API_KEY_HEADER, bearer_token},
+    auth::{API_KEY_HEADER, bearer_token},
     config::ProviderKind,
     error::GatewayError,
 };
@@ -22,16 +22,7 @@ const ANTHROPIC_OAUTH_TOKEN_PREFIX: &[u8] = b"sk-ant-oat";
 
 #[derive(Debug)]
 pub(super) struct Anthropic {
-    account: Account,
-    owner: auth::Provider,
-}
-
-impl Anthropic {
-    pub(super) fn new(account: Account) -> Self {
-        let owner =
-            auth::Provider::of_upstream(crate::config::Api::Anthropic, account.base.host_str());
-        Self { account, owner }
-    }
+    pub(super) account: Account,
 }
 
 impl Adapter for Anthropic {
@@ -39,16 +30,8 @@ impl Adapter for Anthropic {
         ProviderKind::Anthropic
     }
 
-    fn base(&self) -> &reqwest::Url {
-        &self.account.base
-    }
-
-    fn owner(&self) -> auth::Provider {
-        self.owner
-    }
-
-    fn has_own_credential(&self) -> bool {
-        self.account.api_key.is_some()
+    fn account(&self) -> &Account {
+        &self.account
     }
 
     /// `x-api-key`: corral's own key, else the caller's bearer token or

@@ -20,7 +20,7 @@ use super::{
     with_model,
 };
 use crate::{
-    auth::{self, AZURE_KEY_HEADER, bearer_token},
+    auth::{AZURE_KEY_HEADER, bearer_token},
     config::{Member, ProviderKind},
     error::GatewayError,
 };
@@ -110,12 +110,8 @@ impl Adapter for Azure {
         ProviderKind::Azure
     }
 
-    fn base(&self) -> &reqwest::Url {
-        &self.account.base
-    }
-
-    fn owner(&self) -> auth::Provider {
-        auth::Provider::Azure
+    fn account(&self) -> &Account {
+        &self.account
     }
 
     fn has_own_credential(&self) -> bool {

@@ -4,24 +4,11 @@
 use axum::http::{HeaderValue, header};
 
 use super::{Account, Adapter, Call, Prepared, confined_url};
-use crate::{
-    auth::{self, GEMINI_KEY_HEADER},
-    config::ProviderKind,
-    error::GatewayError,
-};
+use crate::{auth::GEMINI_KEY_HEADER, config::ProviderKind, error::GatewayError};
 
 #[derive(Debug)]
 pub(super) struct Gemini {
-    account: Account,
-    owner: auth::Provider,
-}
-
-impl Gemini {
-    pub(super) fn new(account: Account) -> Self {
-        let owner =
-            auth::Provider::of_upstream(crate::config::Api::Gemini, account.base.host_str());
-        Self { account, owner }
-    }
+    pub(super) account: Account,
 }
 
 impl Adapter for Gemini {
@@ -29,16 +16,8 @@ impl Adapter for Gemini {
         ProviderKind::Gemini
     }
 
-    fn base(&self) -> &reqwest::Url {
-        &self.account.base
-    }
-
-    fn owner(&self) -> auth::Provider {
-        self.owner
-    }
-
-    fn has_own_credential(&self) -> bool {
-        self.account.api_key.is_some()
+    fn account(&self) -> &Account {
+        &self.account
     }
 
     /// The caller's Gemini key as it is; an OAuth token (`Bearer <token>`,

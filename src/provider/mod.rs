@@ -60,16 +60,25 @@ pub struct Prepared {
 pub trait Adapter: Send + Sync + fmt::Debug {
     fn kind(&self) -> ProviderKind;
 
+    /// What it holds of its account.
+    fn account(&self) -> &Account;
+
     /// Every request URL extends its path (`confined_url`).
-    fn base(&self) -> &reqwest::Url;
+    fn base(&self) -> &reqwest::Url {
+        &self.account().base
+    }
 
     /// Whose credentials the account may be sent: a caller's credential of
     /// another provider's form is refused before anything is sent.
-    fn owner(&self) -> auth::Provider;
+    fn owner(&self) -> auth::Provider {
+        self.account().owner
+    }
 
     /// Whether corral authenticates itself (a key, a token it fetches): the
     /// caller's credential is then never sent.
-    fn has_own_credential(&self) -> bool;
+    fn has_own_credential(&self) -> bool {
+        self.account().api_key.is_some()
+    }
 
     /// The account's token source, when it authenticates with tokens it
     /// fetches (Entra ID): the client asks it for a token before each attempt.
@@ -89,17 +98,20 @@ pub trait Adapter: Send + Sync + fmt::Debug {
 pub fn adapter(member: &Member, client: &reqwest::Client) -> anyhow::Result<Box<dyn Adapter>> {
     let account = Account::new(member)?;
     Ok(match member.provider {
-        ProviderKind::OpenAi => Box::new(openai::OpenAi::new(account)),
-        ProviderKind::Anthropic => Box::new(anthropic::Anthropic::new(account)),
-        ProviderKind::Gemini => Box::new(gemini::Gemini::new(account)),
+        ProviderKind::OpenAi => Box::new(openai::OpenAi { account }),
+        ProviderKind::Anthropic => Box::new(anthropic::Anthropic { account }),
+        ProviderKind::Gemini => Box::new(gemini::Gemini { account }),
         ProviderKind::Azure => Box::new(azure::Azure::new(account, member, client)?),
     })
 }
 
 /// What every adapter holds of its account.
 #[derive(Debug)]
-struct Account {
+pub struct Account {
     base: reqwest::Url,
+    /// Whose credentials it may be sent (`auth::Provider::of_upstream`; an
+    /// Azure account is Azure's whatever its host).
+    owner: auth::Provider,
     api_key: Option<Secret<String>>,
     /// Public model name -> the account's name for it.
     deployments: std::sync::Arc<std::collections::BTreeMap<String, String>>,
@@ -107,8 +119,14 @@ struct Account {
 
 impl Account {
     fn new(member: &Member) -> anyhow::Result<Self> {
+        let base = reqwest::Url::parse(&member.base_url)?;
+        let owner = match member.provider {
+            ProviderKind::Azure => auth::Provider::Azure,
+            _ => auth::Provider::of_upstream(member.api, base.host_str()),
+        };
         Ok(Self {
-            base: reqwest::Url::parse(&member.base_url)?,
+            base,
+            owner,
             api_key: member.api_key.clone(),
             deployments: member.deployments.clone(),
         })

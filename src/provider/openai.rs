@@ -3,20 +3,11 @@
 use axum::http::{HeaderValue, header};
 
 use super::{Account, Adapter, Call, Prepared, confined_url, with_model};
-use crate::{auth, config::ProviderKind, error::GatewayError};
+use crate::{config::ProviderKind, error::GatewayError};
 
 #[derive(Debug)]
 pub(super) struct OpenAi {
-    account: Account,
-    owner: auth::Provider,
-}
-
-impl OpenAi {
-    pub(super) fn new(account: Account) -> Self {
-        let owner =
-            auth::Provider::of_upstream(crate::config::Api::OpenAi, account.base.host_str());
-        Self { account, owner }
-    }
+    pub(super) account: Account,
 }
 
 impl Adapter for OpenAi {
@@ -24,16 +15,8 @@ impl Adapter for OpenAi {
         ProviderKind::OpenAi
     }
 
-    fn base(&self) -> &reqwest::Url {
-        &self.account.base
-    }
-
-    fn owner(&self) -> auth::Provider {
-        self.owner
-    }
-
-    fn has_own_credential(&self) -> bool {
-        self.account.api_key.is_some()
+    fn account(&self) -> &Account {
+        &self.account
     }
 
     /// Corral's own key as a bearer token, else the caller's `Authorization`
