@@ -34,7 +34,8 @@ pub use telemetry::{
     LogConfig, LogFormat, OTEL_ENDPOINT_ENV, OtlpConfig, OtlpProtocol, TelemetryConfig,
 };
 pub use upstream::{
-    Affinity, Api, EntraConfig, Member, MemberConfig, ProviderKind, UpstreamConfig,
+    Affinity, Api, AwsConfig, AwsCredentials, EntraConfig, Member, MemberConfig, ProviderKind,
+    UpstreamConfig,
 };
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};

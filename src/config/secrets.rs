@@ -157,6 +157,15 @@ impl Config {
             if let Some(entra) = &mut upstream.entra {
                 resolve_entra(entra, env, &format!("upstreams[{index}].entra"))?;
             }
+            if let Some(aws) = &mut upstream.aws {
+                resolve_aws(aws, env, &format!("upstreams[{index}].aws"))?;
+            }
+            upstream.service_account = service_account(
+                upstream.credentials_file.as_deref(),
+                upstream.credentials_env.as_deref(),
+                env,
+                &format!("upstreams[{index}]"),
+            )?;
             for (m, member) in upstream.members.iter_mut().enumerate() {
                 if let Some(entra) = &mut member.entra {
                     resolve_entra(
@@ -165,6 +174,15 @@ impl Config {
                         &format!("upstreams[{index}].members[{m}].entra"),
                     )?;
                 }
+                if let Some(aws) = &mut member.aws {
+                    resolve_aws(aws, env, &format!("upstreams[{index}].members[{m}].aws"))?;
+                }
+                member.service_account = service_account(
+                    member.credentials_file.as_deref(),
+                    member.credentials_env.as_deref(),
+                    env,
+                    &format!("upstreams[{index}].members[{m}]"),
+                )?;
                 if let Some(var) = &member.api_key_env {
                     let value = env.get(var.as_str()).ok_or_else(|| ConfigError::Env {
                         var: var.clone(),
@@ -199,4 +217,62 @@ fn resolve_entra(
     })?;
     entra.client_secret = Some(Secret::new((*value).to_owned()));
     Ok(())
+}
+
+/// AWS credentials, from the variables they name.
+fn resolve_aws(
+    aws: &mut super::AwsConfig,
+    env: &BTreeMap<&str, &str>,
+    at: &str,
+) -> Result<(), ConfigError> {
+    let read = |var: &String, field: &str| {
+        env.get(var.as_str())
+            .map(|value| Secret::new((*value).to_owned()))
+            .ok_or_else(|| ConfigError::Env {
+                var: var.clone(),
+                message: format!("not set, but {at}.{field} names it"),
+            })
+    };
+    aws.credentials = Some(super::AwsCredentials {
+        access_key_id: read(&aws.access_key_id_env, "access_key_id_env")?,
+        secret_access_key: read(&aws.secret_access_key_env, "secret_access_key_env")?,
+        session_token: aws
+            .session_token_env
+            .as_ref()
+            .map(|var| read(var, "session_token_env"))
+            .transpose()?,
+    });
+    Ok(())
+}
+
+/// A Vertex AI service account's JSON key: the file `credentials_file`
+/// names, or the variable `credentials_env` names (not both).
+fn service_account(
+    file: Option<&std::path::Path>,
+    var: Option<&str>,
+    env: &BTreeMap<&str, &str>,
+    at: &str,
+) -> Result<Option<Secret<String>>, ConfigError> {
+    match (file, var) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(ConfigError::key(
+            format!("{at}.credentials_env"),
+            "credentials_file and credentials_env are two keys for one account: keep one",
+        )),
+        (Some(path), None) => std::fs::read_to_string(path)
+            .map(|json| Some(Secret::new(json)))
+            .map_err(|err| {
+                ConfigError::key(
+                    format!("{at}.credentials_file"),
+                    format!("cannot read {}: {err}", path.display()),
+                )
+            }),
+        (None, Some(var)) => env
+            .get(var)
+            .map(|json| Some(Secret::new((*json).to_owned())))
+            .ok_or_else(|| ConfigError::Env {
+                var: var.to_owned(),
+                message: format!("not set, but {at}.credentials_env names it"),
+            }),
+    }
 }

@@ -59,6 +59,9 @@ pub struct UpstreamConfig {
     /// Resolved at load time from `api_key_env` (or `CORRAL_UPSTREAM_API_KEY`).
     #[serde(skip)]
     pub api_key: Option<Secret<String>>,
+    /// Resolved at load time from `credentials_file` or `credentials_env`.
+    #[serde(skip)]
+    pub service_account: Option<Secret<String>>,
     /// Equivalent accounts that serve this upstream's models (keys,
     /// organisations, deployments): a **pool**. Absent: a pool of one, this
     /// upstream's own `base_url` and key. Members share one cache and one
@@ -101,6 +104,40 @@ pub struct UpstreamConfig {
     /// an `api-key` (`api_key_env` and `entra` together are refused).
     #[serde(default)]
     pub entra: Option<EntraConfig>,
+    /// Bedrock: the AWS region its requests are signed for (SigV4).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Bedrock: the AWS credentials it signs with (instead of a Bedrock API
+    /// key in `api_key_env`).
+    #[serde(default)]
+    pub aws: Option<AwsConfig>,
+    /// Vertex AI: the service account's JSON key file.
+    #[serde(default)]
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// Vertex AI: the variable holding the service account's JSON key itself.
+    #[serde(default)]
+    pub credentials_env: Option<String>,
+}
+
+/// AWS credentials, each read from the variable it names.
+#[derive(Debug, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AwsConfig {
+    pub access_key_id_env: String,
+    pub secret_access_key_env: String,
+    #[serde(default)]
+    pub session_token_env: Option<String>,
+    /// Resolved at load time.
+    #[serde(skip)]
+    pub credentials: Option<AwsCredentials>,
+}
+
+/// An AWS identity's keys (a session token with temporary ones).
+#[derive(Debug, Clone)]
+pub struct AwsCredentials {
+    pub access_key_id: Secret<String>,
+    pub secret_access_key: Secret<String>,
+    pub session_token: Option<Secret<String>>,
 }
 
 /// Where an account is: whose paths, auth and quirks a request to it takes.
@@ -117,15 +154,24 @@ pub enum ProviderKind {
     /// Entra ID token; deployments instead of model names).
     #[serde(rename = "azure")]
     Azure,
+    /// AWS Bedrock: Anthropic's Messages through InvokeModel (SigV4 or a
+    /// Bedrock API key; model ids instead of names).
+    #[serde(rename = "bedrock")]
+    Bedrock,
+    /// Google Vertex AI: Anthropic's Messages (`rawPredict`) or Gemini's
+    /// native API, with a service account's token.
+    #[serde(rename = "vertex")]
+    Vertex,
 }
 
 impl ProviderKind {
-    /// The wire format it speaks.
-    pub fn api(self) -> Api {
+    /// Whether it speaks `api` (a member speaks its pool's wire format).
+    pub fn speaks(self, api: Api) -> bool {
         match self {
-            Self::OpenAi | Self::Azure => Api::OpenAi,
-            Self::Anthropic => Api::Anthropic,
-            Self::Gemini => Api::Gemini,
+            Self::OpenAi | Self::Azure => api == Api::OpenAi,
+            Self::Anthropic | Self::Bedrock => api == Api::Anthropic,
+            Self::Gemini => api == Api::Gemini,
+            Self::Vertex => matches!(api, Api::Anthropic | Api::Gemini),
         }
     }
 
@@ -144,6 +190,8 @@ impl ProviderKind {
             Self::Anthropic => "anthropic",
             Self::Gemini => "gemini",
             Self::Azure => "azure",
+            Self::Bedrock => "bedrock",
+            Self::Vertex => "vertex",
         }
     }
 }
@@ -210,6 +258,21 @@ pub struct MemberConfig {
     /// As the pool's `entra`, for this account.
     #[serde(default)]
     pub entra: Option<EntraConfig>,
+    /// As the pool's `region` (Bedrock), for this account.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// As the pool's `aws` (Bedrock), for this account.
+    #[serde(default)]
+    pub aws: Option<AwsConfig>,
+    /// As the pool's `credentials_file` (Vertex AI), for this account.
+    #[serde(default)]
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// As the pool's `credentials_env` (Vertex AI), for this account.
+    #[serde(default)]
+    pub credentials_env: Option<String>,
+    /// Resolved at load time from `credentials_file` or `credentials_env`.
+    #[serde(skip)]
+    pub service_account: Option<Secret<String>>,
     /// Share of the calls, relative to the other members of its priority.
     #[serde(default = "default_weight")]
     pub weight: u32,
@@ -255,6 +318,10 @@ pub struct Member {
     /// Public model name -> this account's name for it.
     pub deployments: Arc<BTreeMap<String, String>>,
     pub entra: Option<EntraConfig>,
+    pub region: Option<String>,
+    pub aws: Option<AwsCredentials>,
+    /// A Vertex AI service account's JSON key.
+    pub service_account: Option<Secret<String>>,
     pub weight: u32,
     pub priority: u32,
     pub quota: Option<String>,
@@ -271,7 +338,10 @@ impl Member {
     /// Whether corral authenticates to this account itself (a key, an Entra
     /// application), rather than with the caller's credential.
     pub fn has_own_credential(&self) -> bool {
-        self.api_key.is_some() || self.entra.is_some()
+        self.api_key.is_some()
+            || self.entra.is_some()
+            || self.aws.is_some()
+            || self.service_account.is_some()
     }
 
     /// This account's name for the public model `model`.
@@ -338,6 +408,9 @@ impl UpstreamConfig {
                 api_version: self.api_version.clone(),
                 deployments: Arc::new(self.deployments.clone()),
                 entra: self.entra.clone(),
+                region: self.region.clone(),
+                aws: self.aws.as_ref().and_then(|aws| aws.credentials.clone()),
+                service_account: self.service_account.clone(),
                 weight: 1,
                 priority: 0,
                 quota: None,
@@ -390,6 +463,16 @@ impl UpstreamConfig {
                         .then(|| self.entra.clone())
                         .flatten()
                 }),
+                region: member.region.clone().or_else(|| self.region.clone()),
+                aws: member
+                    .aws
+                    .as_ref()
+                    .or(self.aws.as_ref().filter(|_| member.api_key.is_none()))
+                    .and_then(|aws| aws.credentials.clone()),
+                service_account: member
+                    .service_account
+                    .clone()
+                    .or_else(|| self.service_account.clone()),
                 weight: member.weight,
                 priority: member.priority,
                 quota: member.quota.clone(),

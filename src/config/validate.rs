@@ -234,7 +234,7 @@ impl Config {
                 ));
             }
             if let Some(provider) = member.provider
-                && provider.api() != upstream.api
+                && !provider.speaks(upstream.api)
             {
                 return Err(ConfigError::key(
                     at("provider"),
@@ -248,8 +248,14 @@ impl Config {
             if upstream.members.len() > 1
                 && member.api_key.is_none()
                 && member.entra.is_none()
+                && member.aws.is_none()
+                && member.credentials_file.is_none()
+                && member.credentials_env.is_none()
                 && upstream.api_key.is_none()
                 && upstream.entra.is_none()
+                && upstream.aws.is_none()
+                && upstream.credentials_file.is_none()
+                && upstream.credentials_env.is_none()
             {
                 return Err(ConfigError::key(
                     at("api_key_env"),
@@ -531,6 +537,49 @@ fn account(
             at("entra"),
             "api_key_env and entra are two credentials for one account: keep one",
         ));
+    }
+    match member.provider {
+        ProviderKind::Bedrock => {
+            let region = member.region.as_deref().unwrap_or_default();
+            if region.is_empty()
+                || !region
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Err(ConfigError::key(
+                    at("region"),
+                    "a Bedrock account needs its AWS region, e.g. us-east-1",
+                ));
+            }
+            if member.aws.is_some() == member.api_key.is_some() {
+                return Err(ConfigError::key(
+                    at("aws"),
+                    "a Bedrock account signs with `aws` credentials or sends a Bedrock API key (`api_key_env`): exactly one",
+                ));
+            }
+        }
+        ProviderKind::Vertex => {
+            if member.service_account.is_none() {
+                return Err(ConfigError::key(
+                    at("credentials_file"),
+                    "a Vertex AI account needs its service account's key: credentials_file or credentials_env",
+                ));
+            }
+        }
+        _ => {
+            if member.region.is_some() || member.aws.is_some() {
+                return Err(ConfigError::key(
+                    at("region"),
+                    "only a Bedrock account takes a region or aws credentials (provider: bedrock)",
+                ));
+            }
+            if member.service_account.is_some() {
+                return Err(ConfigError::key(
+                    at("credentials_file"),
+                    "only a Vertex AI account takes a service account (provider: vertex)",
+                ));
+            }
+        }
     }
     if member.provider != ProviderKind::Azure {
         if member.entra.is_some() {

@@ -8,10 +8,12 @@
 
 mod anthropic;
 mod azure;
+mod bedrock;
 pub mod entra;
 mod gemini;
 mod openai;
 pub mod token;
+mod vertex;
 
 use std::fmt;
 
@@ -102,6 +104,8 @@ pub fn adapter(member: &Member, client: &reqwest::Client) -> anyhow::Result<Box<
         ProviderKind::Anthropic => Box::new(anthropic::Anthropic { account }),
         ProviderKind::Gemini => Box::new(gemini::Gemini { account }),
         ProviderKind::Azure => Box::new(azure::Azure::new(account, member, client)?),
+        ProviderKind::Bedrock => Box::new(bedrock::Bedrock::new(account, member)?),
+        ProviderKind::Vertex => Box::new(vertex::Vertex::new(account, member, client)?),
     })
 }
 

@@ -4,18 +4,25 @@ use axum::http::{HeaderValue, Method};
 use bytes::Bytes;
 
 use super::*;
-use crate::config::{Member, ProviderKind, Secret};
+use crate::config::{Api, Member, ProviderKind, Secret};
 
 fn member(provider: ProviderKind, base_url: &str, key: Option<&str>) -> Member {
     Member {
         name: "m".to_owned(),
-        api: provider.api(),
+        api: match provider {
+            ProviderKind::OpenAi | ProviderKind::Azure => Api::OpenAi,
+            ProviderKind::Gemini => Api::Gemini,
+            _ => Api::Anthropic,
+        },
         provider,
         base_url: base_url.to_owned(),
         api_key: key.map(|key| Secret::new(key.to_owned())),
         api_version: None,
         deployments: Arc::new(BTreeMap::new()),
         entra: None,
+        region: None,
+        aws: None,
+        service_account: None,
         weight: 1,
         priority: 0,
         quota: None,
