@@ -520,6 +520,16 @@ fn account(
     at: &dyn Fn(&str) -> String,
 ) -> Result<(), ConfigError> {
     use super::ProviderKind;
+    if !member.provider.speaks(member.api) {
+        return Err(ConfigError::key(
+            at("provider"),
+            format!(
+                "`{}` does not speak this pool's API (`{}`): a member speaks its pool's wire format",
+                member.provider.as_str(),
+                member.api.as_str()
+            ),
+        ));
+    }
     let own_entra = upstream
         .members
         .iter()
