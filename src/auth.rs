@@ -84,10 +84,18 @@ pub fn credential<'a>(
     Ok(header_credential(headers).map(Cow::Borrowed))
 }
 
+/// Whether an `Authorization` value is an AWS SigV4 signature (an AWS SDK's
+/// request): corral cannot verify one, so it identifies nobody and goes
+/// nowhere.
+pub fn is_sigv4(value: &[u8]) -> bool {
+    value.trim_ascii().starts_with(b"AWS4-HMAC-SHA256")
+}
+
 /// The token of the caller's `Authorization` header, else its `x-api-key`.
 fn header_credential(headers: &HeaderMap) -> Option<&[u8]> {
     headers
         .get(header::AUTHORIZATION)
+        .filter(|value| !is_sigv4(value.as_bytes()))
         .map(|value| bearer_token(value.as_bytes()))
         .filter(|token| !token.is_empty())
         .or_else(|| key_header(headers))
@@ -110,6 +118,7 @@ fn key_header(headers: &HeaderMap) -> Option<&[u8]> {
 /// in the form its provider expects (`x-api-key` to Anthropic).
 pub fn forwarded_credential(headers: &HeaderMap) -> Option<HeaderValue> {
     if let Some(value) = headers.get(header::AUTHORIZATION)
+        && !is_sigv4(value.as_bytes())
         && !bearer_token(value.as_bytes()).is_empty()
     {
         return Some(value.clone());

@@ -30,6 +30,9 @@ pub enum ErrorShape {
     /// Azure OpenAI's `{"error":{"code","message"}}` (`code` a string), for
     /// callers of Azure's paths.
     Azure,
+    /// AWS's `{"message"}` with the error's name in `x-amzn-ErrorType`, for
+    /// callers of Bedrock's paths (the AWS SDKs read both).
+    Bedrock,
 }
 
 impl ErrorShape {
@@ -42,6 +45,9 @@ impl ErrorShape {
         }
         if path == "/openai" || path.starts_with("/openai/") {
             return Self::Azure;
+        }
+        if path.starts_with("/model/") {
+            return Self::Bedrock;
         }
         match path.strip_prefix("/v1/messages") {
             Some(rest) if rest.is_empty() || rest.starts_with('/') => Self::Anthropic,
@@ -612,6 +618,13 @@ impl GatewayError {
                     ErrorShape::Gemini => {
                         json!({"error": {"code": status.as_u16(), "message": self.to_string(), "status": google_status(status)}})
                     }
+                    ErrorShape::Bedrock => {
+                        headers.insert(
+                            HeaderName::from_static("x-amzn-errortype"),
+                            HeaderValue::from_static(aws_error_type(status)),
+                        );
+                        json!({"message": self.to_string()})
+                    }
                     ErrorShape::Azure => {
                         let code = code.map_or_else(|| status.as_str().to_owned(), str::to_owned);
                         json!({"error": {"code": code, "message": self.to_string()}})
@@ -627,6 +640,19 @@ impl GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         self.to_response()
+    }
+}
+
+/// AWS's name for an error of `status`, as Bedrock's `x-amzn-ErrorType` says it.
+fn aws_error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 | 403 => "AccessDeniedException",
+        404 => "ResourceNotFoundException",
+        408 | 504 => "ModelTimeoutException",
+        413 | 400..=428 => "ValidationException",
+        429 => "ThrottlingException",
+        503 | 529 => "ServiceUnavailableException",
+        _ => "InternalServerException",
     }
 }
 

@@ -284,23 +284,44 @@ impl DedupRequest {
             ));
         };
         let mut raw_body = raw_body;
-        // An Azure deployment is the model the request names: the body says
-        // it too, so the key and the call are an OpenAI path's for that model.
-        if let Some(PathCall {
-            model: Some(deployment),
-            via: PathApi::Azure { .. },
-            ..
-        }) = call
-            && body.get("model").and_then(Value::as_str) != Some(deployment)
+        // A cloud's Messages body (Bedrock's, Vertex AI's) names no model and
+        // carries the cloud's own version and betas: as Anthropic's API takes
+        // it, so its key, flight and call are a Messages path's.
+        let cloud_betas = match call {
+            Some(call) if call.is_cloud_messages() => {
+                raw_body = Bytes::new();
+                cloud_messages_body(&mut body, call.stream().unwrap_or(false))?
+            }
+            _ => None,
+        };
+        // An Azure deployment, or a cloud's model id, is the model the
+        // request names: the body says it too (a cloud's id by its public
+        // name), so the key and the call are an OpenAI or Messages path's
+        // for that model.
+        let path_model = call.and_then(|call| match (&call.via, &call.model) {
+            (PathApi::Azure { .. }, Some(deployment)) => Some(deployment.as_str()),
+            (PathApi::Bedrock { .. } | PathApi::Vertex { .. }, Some(id)) => {
+                Some(routes.public_name(id))
+            }
+            _ => None,
+        });
+        if let Some(model) = path_model
+            && body.get("model").and_then(Value::as_str) != Some(model)
         {
-            body.insert("model".to_owned(), Value::String(deployment.clone()));
+            body.insert("model".to_owned(), Value::String(model.to_owned()));
+            raw_body = Bytes::new();
+        }
+        if raw_body.is_empty() {
             raw_body =
                 Bytes::from(serde_json::to_vec(&body).map_err(|_| {
                     GatewayError::invalid("the request body must be a JSON object")
                 })?);
         }
-        let model = match (call.and_then(|call| call.model.as_ref()), body.get("model")) {
-            (Some(model), _) => model.clone(),
+        let model = match (
+            path_model.or_else(|| call.and_then(|call| call.model.as_deref())),
+            body.get("model"),
+        ) {
+            (Some(model), _) => model.to_owned(),
             (None, Some(Value::String(model))) if !model.is_empty() => model.clone(),
             (None, Some(_)) => {
                 return Err(GatewayError::invalid_param(
@@ -332,7 +353,10 @@ impl DedupRequest {
         // query keeps none.
         let credential = auth::credential(headers, query)?;
         let credential = credential.as_deref();
-        let framing = wire.stream_framing(query);
+        let framing = match call.map(|call| call.via) {
+            Some(PathApi::Bedrock { stream: true }) => Framing::AwsEventStream,
+            _ => wire.stream_framing(query),
+        };
         let query_dedupable = wire.dedupable_query(query);
         let (authorization, query) = if wire.api() == Api::Gemini {
             auth::gemini_key(headers, query)?
@@ -388,6 +412,17 @@ impl DedupRequest {
                     DEFAULT_ANTHROPIC_VERSION.to_owned(),
                 ),
             );
+        }
+        // Bedrock's betas come in its body: keyed and sent as Anthropic's
+        // header, in `KEYED_HEADERS` order (after the version).
+        if let Some(betas) = cloud_betas {
+            let value = HeaderValue::from_str(&betas).map_err(|_| {
+                GatewayError::invalid_param("anthropic_beta", "betas must be visible ASCII")
+            })?;
+            keyed_headers.retain(|(name, _)| name != ANTHROPIC_BETA.as_str());
+            forward_headers.retain(|(name, _)| *name != ANTHROPIC_BETA);
+            keyed_headers.push((ANTHROPIC_BETA.as_str().to_owned(), betas));
+            forward_headers.push((ANTHROPIC_BETA, value));
         }
         for name in FORWARDED_HEADERS {
             if let Some(value) = headers.get(&name) {
@@ -479,6 +514,39 @@ impl DedupRequest {
             call: call.cloned(),
             framing,
         })
+    }
+}
+
+/// A cloud's Messages body made Anthropic's: its `anthropic_version` (the
+/// cloud's wire, not the answer) gone, `stream` as its path says, and its
+/// `anthropic_beta` list taken out, returned as the `anthropic-beta` header's
+/// value.
+fn cloud_messages_body(
+    body: &mut Map<String, Value>,
+    stream: bool,
+) -> Result<Option<String>, GatewayError> {
+    body.remove("anthropic_version");
+    if stream {
+        body.insert("stream".to_owned(), Value::Bool(true));
+    } else {
+        body.remove("stream");
+    }
+    match body.remove("anthropic_beta") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(betas)) => {
+            let names: Option<Vec<&str>> = betas.iter().map(Value::as_str).collect();
+            let names = names.ok_or_else(|| {
+                GatewayError::invalid_param(
+                    "anthropic_beta",
+                    "`anthropic_beta` must be a list of strings",
+                )
+            })?;
+            Ok((!names.is_empty()).then(|| names.join(",")))
+        }
+        Some(_) => Err(GatewayError::invalid_param(
+            "anthropic_beta",
+            "`anthropic_beta` must be a list of strings",
+        )),
     }
 }
 

@@ -39,6 +39,7 @@ use tracing::Instrument;
 
 use super::proxy;
 use crate::{
+    auth,
     cache_status::CacheStatus,
     dedup::{Answered, Caller, Decided, REQUEST_ID_HEADER_NAME},
     error::{ErrorShape, GatewayError},
@@ -130,7 +131,9 @@ where
         // `/v1beta/` (relayed to a Gemini upstream by the pass-through),
         // Azure OpenAI's under `/openai/` (its deduplicated endpoints only).
         let azure = path.starts_with("/openai/");
-        let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/") || azure;
+        // Bedrock's InvokeModel paths (AWS's SDKs, Claude Code's Bedrock mode).
+        let bedrock = path.starts_with("/model/");
+        let admitted = path.starts_with("/v1/") || path.starts_with("/v1beta/") || azure || bedrock;
         // Whether the request speaks Gemini's native API (a Gemini path,
         // method or key): such a request goes to a Gemini upstream or nowhere.
         let gemini_path = path_call
@@ -140,6 +143,7 @@ where
         let native = gemini_path
             || (admitted
                 && !azure
+                && !bedrock
                 && passthrough::gemini::is_native(path, request.headers(), uri.query()));
         // A refusal is answered in the shape the route's clients parse
         // (Gemini's for Gemini's requests, under `/v1/` too, where its SDKs post).
@@ -194,6 +198,13 @@ where
                         tenant,
                     }) => {
                         let (response, decided) = match direct {
+                            // A SigV4 signature corral cannot check identifies
+                            // nobody: an AWS SDK's request needs a gateway key
+                            // or a key of its own beside it.
+                            Some(_) if signed_only(&parts.headers, parts.uri.query()) => (
+                                GatewayError::Unauthorized.to_response_as(shape),
+                                Decided::default(),
+                            ),
                             Some(endpoint) => {
                                 let caller = Caller {
                                     request_id: id.clone(),
@@ -209,7 +220,7 @@ where
                             }
                             // Azure's paths are served for their deduplicated
                             // endpoints only: nothing else of Azure's is relayed.
-                            None if azure => (
+                            None if azure || bedrock => (
                                 GatewayError::UnknownPath {
                                     path: telemetry::clipped(uri.path()).to_string(),
                                 }
@@ -261,6 +272,14 @@ where
             Some(context) => Box::pin(serve.with_context(context)),
         }
     }
+}
+
+/// Whether the request's only credential is an AWS SigV4 signature.
+fn signed_only(headers: &http::HeaderMap, query: Option<&str>) -> bool {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .is_some_and(|value| auth::is_sigv4(value.as_bytes()))
+        && matches!(auth::credential(headers, query), Ok(None))
 }
 
 /// Whether the request asks to switch protocols (RFC 9110 7.8: its

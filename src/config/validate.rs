@@ -129,7 +129,7 @@ impl Config {
                 }
                 // With gateway keys, the caller's Authorization is a gateway key:
                 // forwarding it would hand it to the provider.
-                if !self.auth.key_hashes.is_empty() && member.api_key.is_none() {
+                if !self.auth.key_hashes.is_empty() && !member.has_own_credential() {
                     return Err(ConfigError::key(
                         at("api_key_env"),
                         "is required when auth.keys or auth.keys_env is set (the caller's key is a gateway key, not a provider key)",
@@ -210,6 +210,7 @@ impl Config {
     /// own (a caller's credential belongs to one account: it is never spread
     /// over a pool's).
     fn validate_pool(&self, i: usize, upstream: &super::UpstreamConfig) -> Result<(), ConfigError> {
+        let resolved = upstream.effective_members();
         for (m, member) in upstream.members.iter().enumerate() {
             let at = |field: &str| format!("upstreams[{i}].members[{m}].{field}");
             if member.name.is_empty() {
@@ -245,18 +246,7 @@ impl Config {
                     ),
                 ));
             }
-            if upstream.members.len() > 1
-                && member.api_key.is_none()
-                && member.entra.is_none()
-                && member.aws.is_none()
-                && member.credentials_file.is_none()
-                && member.credentials_env.is_none()
-                && upstream.api_key.is_none()
-                && upstream.entra.is_none()
-                && upstream.aws.is_none()
-                && upstream.credentials_file.is_none()
-                && upstream.credentials_env.is_none()
-            {
+            if upstream.members.len() > 1 && !resolved[m].has_own_credential() {
                 return Err(ConfigError::key(
                     at("api_key_env"),
                     "every member of a pool of several needs a key (its own, or the pool's): a caller's key belongs to one account, never to a pool's",
@@ -355,7 +345,7 @@ impl Config {
                 } else {
                     format!("upstreams[{i}].members[{m}].base_url")
                 };
-                check_base_url(&key, member.api, &member.base_url)?;
+                check_base_url(&key, member.api, member.provider, &member.base_url)?;
             }
             if upstream.models.is_empty() {
                 return Err(ConfigError::key(
@@ -654,7 +644,12 @@ fn account(
 
 /// A provider's base URL: http(s), and for the APIs whose paths corral
 /// appends below a version, ending in that version.
-fn check_base_url(key: &str, api: Api, base_url: &str) -> Result<(), ConfigError> {
+fn check_base_url(
+    key: &str,
+    api: Api,
+    provider: super::ProviderKind,
+    base_url: &str,
+) -> Result<(), ConfigError> {
     let url =
         reqwest::Url::parse(base_url).map_err(|err| ConfigError::key(key, err.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -663,6 +658,14 @@ fn check_base_url(key: &str, api: Api, base_url: &str) -> Result<(), ConfigError
     // Anthropic's SDKs take the bare host as their base URL and add
     // `/v1/messages`; corral adds `/messages` to its base URL, so the
     // bare host would send every request to a path that does not exist.
+    // The clouds' paths are their own (`provider/`): a Bedrock base URL is
+    // its runtime's host, a Vertex one its project's location.
+    if matches!(
+        provider,
+        super::ProviderKind::Bedrock | super::ProviderKind::Vertex
+    ) {
+        return Ok(());
+    }
     if api == Api::Gemini && url.path().trim_end_matches('/').is_empty() {
         return Err(ConfigError::key(
             key,

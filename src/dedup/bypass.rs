@@ -107,8 +107,10 @@ async fn stream_through(
     if caller_usage == CallerUsage::NotAsked {
         outbound.body = upstream_request.body;
     }
-    let as_array = request.framing == Framing::JsonArray;
-    let rewrite = as_array || caller_usage == CallerUsage::NotAsked;
+    // Framed for the caller (Gemini's array, AWS's frames): the tap hands
+    // on whole events.
+    let reframed = request.framing != Framing::Events;
+    let rewrite = reframed || caller_usage == CallerUsage::NotAsked;
     dedup.may_call_upstream(bill).await?;
     let (upstream, member) = dedup
         .upstream
@@ -162,10 +164,10 @@ async fn stream_through(
         }
     })
     .flat_map(|pieces| futures::stream::iter(pieces.into_iter().map(Ok::<Bytes, Infallible>)));
-    let body = if as_array {
-        Body::from_stream(sse::as_json_array(pieces))
-    } else {
-        Body::from_stream(pieces)
+    let body = match request.framing {
+        Framing::Events => Body::from_stream(pieces),
+        Framing::JsonArray => Body::from_stream(sse::as_json_array(pieces)),
+        Framing::AwsEventStream => Body::from_stream(sse::as_aws_event_stream(pieces)),
     };
     let mut response = (status, body).into_response();
     response

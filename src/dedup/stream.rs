@@ -146,6 +146,7 @@ pub(super) async fn serve(
     let body = match request.framing {
         Framing::Events => Body::from_stream(events),
         Framing::JsonArray => Body::from_stream(sse::as_json_array(events)),
+        Framing::AwsEventStream => Body::from_stream(sse::as_aws_event_stream(events)),
     };
     let mut response = (StatusCode::OK, body).into_response();
     let headers = response.headers_mut();

@@ -47,7 +47,7 @@ const HOP_BY_HOP: &[&str] = &[
 /// The API a proxied path belongs to: Anthropic's below `/v1/messages`.
 fn api_of(path: &str) -> Api {
     match ErrorShape::for_path(path) {
-        ErrorShape::Anthropic => Api::Anthropic,
+        ErrorShape::Anthropic | ErrorShape::Bedrock => Api::Anthropic,
         ErrorShape::OpenAi | ErrorShape::Azure => Api::OpenAi,
         ErrorShape::Gemini => Api::Gemini,
     }

@@ -1,8 +1,10 @@
 //! How a caller receives a stream's events: as server-sent events (every
-//! API, and Gemini's `alt=sse`), or as the elements of one JSON array (a
+//! API, and Gemini's `alt=sse`), as the elements of one JSON array (a
 //! Gemini `streamGenerateContent` without `alt=sse`, which Google streams as
-//! `[{...},\r\n{...}]`). The log, the cache and the upstream call always
-//! hold events; only what a caller is sent is framed.
+//! `[{...},\r\n{...}]`), or as AWS event-stream frames (a Bedrock
+//! InvokeModelWithResponseStream caller's: each event's JSON a `chunk`). The
+//! log, the cache and the upstream call always hold events; only what a
+//! caller is sent is framed.
 
 use std::sync::{
     Arc,
@@ -22,6 +24,9 @@ pub enum Framing {
     Events,
     /// One JSON array, an element per event, streamed as it grows.
     JsonArray,
+    /// AWS's binary event stream, as Bedrock's InvokeModelWithResponseStream
+    /// answers: a `chunk` frame per event, its payload `{"bytes": base64(json)}`.
+    AwsEventStream,
 }
 
 impl Framing {
@@ -30,6 +35,7 @@ impl Framing {
         match self {
             Self::Events => "text/event-stream",
             Self::JsonArray => "application/json; charset=UTF-8",
+            Self::AwsEventStream => "application/vnd.amazon.eventstream",
         }
     }
 }
@@ -72,6 +78,61 @@ where
                 Bytes::from_static(b"]")
             })
         }))
+}
+
+/// `events` (in corral's framing) as AWS event-stream frames, as Bedrock
+/// streams them and the AWS SDKs parse them: each data event a `chunk`
+/// event whose payload is `{"bytes": "<base64 of the event's JSON>"}`; a
+/// keep-alive is nothing (the framing has none).
+pub fn as_aws_event_stream<S>(
+    events: S,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send
+where
+    S: Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static,
+{
+    events.filter_map(|event| {
+        let Ok(event) = event;
+        futures::future::ready(data_of(&event).map(|json| Ok(aws_chunk(json))))
+    })
+}
+
+/// The JSON an event carries, named (`event: x\ndata: {..}`, Messages') or
+/// not; `None` for a keep-alive or `[DONE]`.
+fn data_of(event: &[u8]) -> Option<&[u8]> {
+    event_json(event).or_else(|| {
+        let at = event.windows(7).position(|w| w == b"\ndata: ")?;
+        event[at + 7..].strip_suffix(b"\n\n")
+    })
+}
+
+/// One `chunk` frame carrying `json`.
+fn aws_chunk(json: &[u8]) -> Bytes {
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    use base64::Engine as _;
+    let payload = serde_json::json!({
+        "bytes": base64::engine::general_purpose::STANDARD.encode(json),
+    })
+    .to_string();
+    let message = Message::new(payload)
+        .add_header(Header::new(
+            ":event-type",
+            HeaderValue::String("chunk".into()),
+        ))
+        .add_header(Header::new(
+            ":content-type",
+            HeaderValue::String("application/json".into()),
+        ))
+        .add_header(Header::new(
+            ":message-type",
+            HeaderValue::String("event".into()),
+        ));
+    let mut frame = Vec::with_capacity(json.len() * 4 / 3 + 128);
+    // Writing to a Vec fails only for a frame over the format's size limit
+    // (16 MiB), which no event bounded by `max_response_bytes` reaches.
+    match aws_smithy_eventstream::frame::write_message_to(&message, &mut frame) {
+        Ok(()) => Bytes::from(frame),
+        Err(_) => Bytes::new(),
+    }
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub use format::{Format, Frame, StreamFormat, read_named, read_object};
-pub use framing::{Framing, as_json_array};
+pub use framing::{Framing, as_aws_event_stream, as_json_array};
 pub use log::{AppendError, LogBytes, LogEnd, LogLimits, StreamLog, StreamReader, StreamWriter};
 pub use relay::{
     BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,

@@ -8,6 +8,9 @@ use crate::config::{Api, UpstreamConfig};
 #[derive(Debug)]
 pub struct Routes {
     routes: Vec<(usize, Api, Pattern)>,
+    /// A provider's id for a model (`deployments`' values: a Bedrock model
+    /// id, a Vertex version) -> the public name it deploys.
+    public_names: std::collections::HashMap<String, String>,
 }
 
 impl Routes {
@@ -22,7 +25,28 @@ impl Routes {
                 })
             })
             .collect();
-        Self { routes }
+        let mut public_names = std::collections::HashMap::new();
+        for upstream in upstreams {
+            for member in upstream.effective_members() {
+                for (model, id) in member.deployments.iter() {
+                    public_names
+                        .entry(id.clone())
+                        .or_insert_with(|| model.clone());
+                }
+            }
+        }
+        Self {
+            routes,
+            public_names,
+        }
+    }
+
+    /// The public name of the model a provider's id names (a Bedrock or
+    /// Vertex request's path says the id): the model its `deployments` map
+    /// to that id, else the id itself. One name per model, whatever cloud a
+    /// caller's client speaks, for keys, cost and metrics.
+    pub fn public_name<'a>(&'a self, id: &'a str) -> &'a str {
+        self.public_names.get(id).map_or(id, String::as_str)
     }
 
     /// Index of the OpenAI-API upstream serving `model`, if any: the

@@ -1,7 +1,10 @@
 //! What a request's path names besides its endpoint, for the APIs that put
-//! the model in the path: Gemini's (`/v1beta/models/{model}:{method}`) and
+//! the model in the path: Gemini's (`/v1beta/models/{model}:{method}`),
 //! Azure OpenAI's (`/openai/deployments/{deployment}/chat/completions`, whose
-//! deployment name is the model corral routes by). Every other layer sees
+//! deployment name is the model corral routes by), and the clouds' paths for
+//! Anthropic's Messages: Bedrock's InvokeModel (`/model/{id}/invoke`) and
+//! Vertex AI's (`/v1/projects/{p}/locations/{l}/publishers/anthropic/models/{m}:rawPredict`),
+//! whose model id maps back to its public name (`Routes::public_name`). Every other layer sees
 //! one [`PathCall`]: its endpoint, the model it names, its delivery, what of
 //! it is keyed, the error shape its clients parse, and where it goes below
 //! an upstream's base URL.
@@ -36,6 +39,13 @@ pub enum PathApi {
     /// (`stream`), and `api-version` is not keyed (it names the wire the
     /// caller speaks, which corral answers in whatever version it is).
     Azure { endpoint: Endpoint },
+    /// AWS Bedrock's InvokeModel (`/model/{id}/invoke`) and
+    /// InvokeModelWithResponseStream (`.../invoke-with-response-stream`,
+    /// answered in AWS's event-stream framing): Messages, the path delivers.
+    Bedrock { stream: bool },
+    /// Vertex AI's `rawPredict` and `streamRawPredict` of Anthropic's
+    /// models: Messages, the path delivers.
+    Vertex { stream: bool },
 }
 
 impl PathCall {
@@ -44,6 +54,9 @@ impl PathCall {
     pub fn of_path(path: &str) -> Option<Self> {
         if path.starts_with("/openai/") {
             return azure(path);
+        }
+        if let Some(call) = bedrock(path).or_else(|| vertex(path)) {
+            return Some(call);
         }
         let gemini = GeminiCall::of_path(path)?;
         Some(Self {
@@ -60,6 +73,7 @@ impl PathCall {
         match self.via {
             PathApi::Gemini { method, .. } => method.endpoint(),
             PathApi::Azure { endpoint } => endpoint,
+            PathApi::Bedrock { .. } | PathApi::Vertex { .. } => Endpoint::Messages,
         }
     }
 
@@ -68,14 +82,22 @@ impl PathCall {
         match self.via {
             PathApi::Gemini { method, .. } => Some(method == GeminiMethod::StreamGenerate),
             PathApi::Azure { .. } => None,
+            PathApi::Bedrock { stream } | PathApi::Vertex { stream } => Some(stream),
         }
+    }
+
+    /// Whether the path is a cloud's for Anthropic's Messages (Bedrock's,
+    /// Vertex AI's), whose body names no model and carries the cloud's
+    /// `anthropic_version` (and Bedrock's `anthropic_beta`).
+    pub fn is_cloud_messages(&self) -> bool {
+        matches!(self.via, PathApi::Bedrock { .. } | PathApi::Vertex { .. })
     }
 
     /// Gemini's method, when it is Gemini's path.
     pub fn gemini_method(&self) -> Option<GeminiMethod> {
         match self.via {
             PathApi::Gemini { method, .. } => Some(method),
-            PathApi::Azure { .. } => None,
+            _ => None,
         }
     }
 
@@ -97,8 +119,10 @@ impl PathCall {
     /// The error shape its clients parse.
     pub fn error_shape(&self) -> ErrorShape {
         match self.via {
-            PathApi::Gemini { .. } => ErrorShape::Gemini,
+            // Vertex AI's errors are Google's.
+            PathApi::Gemini { .. } | PathApi::Vertex { .. } => ErrorShape::Gemini,
             PathApi::Azure { .. } => ErrorShape::Azure,
+            PathApi::Bedrock { .. } => ErrorShape::Bedrock,
         }
     }
 
@@ -117,6 +141,9 @@ impl PathCall {
                 Cow::Owned(self.path[1 + version.len()..].to_owned())
             }
             PathApi::Azure { endpoint } => Cow::Borrowed(endpoint.path()),
+            PathApi::Bedrock { .. } | PathApi::Vertex { .. } => {
+                Cow::Borrowed(Endpoint::Messages.path())
+            }
         }
     }
 }
@@ -162,6 +189,61 @@ fn azure(path: &str) -> Option<PathCall> {
     })
 }
 
+/// Bedrock's `/model/{id}/invoke` and `/model/{id}/invoke-with-response-stream`
+/// (the path already percent-decoded: `us.anthropic.claude-sonnet-4-5-20250929-v1:0`).
+fn bedrock(path: &str) -> Option<PathCall> {
+    let (id, method) = path.strip_prefix("/model/")?.rsplit_once('/')?;
+    let stream = match method {
+        "invoke" => false,
+        "invoke-with-response-stream" => true,
+        _ => return None,
+    };
+    plain_id(id).then(|| PathCall {
+        model: Some(id.to_owned()),
+        via: PathApi::Bedrock { stream },
+        path: path.to_owned(),
+    })
+}
+
+/// Vertex AI's `/v1/projects/{p}/locations/{l}/publishers/anthropic/models/{m}:rawPredict`
+/// (or `:streamRawPredict`).
+fn vertex(path: &str) -> Option<PathCall> {
+    let rest = path.strip_prefix("/v1/projects/")?;
+    let mut segments = rest.splitn(6, '/');
+    let (_project, locations, _location, publishers, publisher, models) = (
+        segments.next()?,
+        segments.next()?,
+        segments.next()?,
+        segments.next()?,
+        segments.next()?,
+        segments.next()?,
+    );
+    if locations != "locations" || publishers != "publishers" || publisher != "anthropic" {
+        return None;
+    }
+    let (model, method) = models.strip_prefix("models/")?.rsplit_once(':')?;
+    let stream = match method {
+        "rawPredict" => false,
+        "streamRawPredict" => true,
+        _ => return None,
+    };
+    plain_id(model).then(|| PathCall {
+        model: Some(model.to_owned()),
+        via: PathApi::Vertex { stream },
+        path: path.to_owned(),
+    })
+}
+
+/// A model id as a cloud spells it: letters, digits and `-._:@`, nothing
+/// that could reach another path.
+fn plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b':' | b'@'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +277,46 @@ mod tests {
             "/openai/v1/messages",
             "/openai/models",
             "/openai",
+        ] {
+            assert_eq!(PathCall::of_path(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn the_clouds_paths_are_messages_with_the_model_id_they_name() {
+        let call = PathCall::of_path(
+            "/model/us.anthropic.claude-sonnet-4-5-20250929-v1:0/invoke-with-response-stream",
+        )
+        .unwrap();
+        assert_eq!(call.endpoint(), Endpoint::Messages);
+        assert_eq!(
+            call.model.as_deref(),
+            Some("us.anthropic.claude-sonnet-4-5-20250929-v1:0")
+        );
+        assert_eq!(call.stream(), Some(true));
+        assert_eq!(call.error_shape(), ErrorShape::Bedrock);
+        assert_eq!(call.upstream_path(), "/messages");
+        assert_eq!(
+            PathCall::of_path("/model/m/invoke").unwrap().stream(),
+            Some(false)
+        );
+        let call = PathCall::of_path(
+            "/v1/projects/p-1/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict",
+        )
+        .unwrap();
+        assert_eq!(call.model.as_deref(), Some("claude-sonnet-4-5@20250929"));
+        assert_eq!(
+            (call.endpoint(), call.stream()),
+            (Endpoint::Messages, Some(true))
+        );
+        assert_eq!(call.error_shape(), ErrorShape::Gemini);
+        for other in [
+            "/model/m/converse",
+            "/model//invoke",
+            "/model/a/b/invoke",
+            "/v1/projects/p/locations/l/publishers/google/models/gemini:rawPredict",
+            "/v1/projects/p/locations/l/publishers/anthropic/models/m:predict",
+            "/v1/projects/p/locations/l/publishers/anthropic/models/a/b:rawPredict",
         ] {
             assert_eq!(PathCall::of_path(other), None, "{other}");
         }

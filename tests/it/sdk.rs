@@ -34,6 +34,8 @@ struct Sdk {
     from: (u32, u32),
     until: (u32, u32),
     deps: &'static str,
+    /// Other modules the scripts import from the same install (an extra's).
+    also: &'static [&'static str],
 }
 
 impl Sdk {
@@ -56,11 +58,18 @@ impl Sdk {
             module,
             from,
             until,
+            also,
             ..
         } = self;
+        let also = also
+            .iter()
+            .map(|module| format!("import {module}"))
+            .collect::<Vec<_>>()
+            .join("; ");
         format!(
             "import sys, {module}\n\
              major, minor = (int(part) for part in {module}.__version__.split('.')[:2])\n\
+             {also}\n\
              sys.exit(0 if {from:?} <= (major, minor) < {until:?} else 1)"
         )
     }
@@ -73,6 +82,7 @@ const OPENAI: Sdk = Sdk {
     from: (1, 40),
     until: (4, 0),
     deps: "pydeps",
+    also: &[],
 };
 
 /// The Anthropic SDK with `messages.stream` and `with_raw_response`.
@@ -82,6 +92,18 @@ const ANTHROPIC: Sdk = Sdk {
     from: (0, 40),
     until: (3, 0),
     deps: "pydeps-anthropic",
+    also: &[],
+};
+
+/// The Anthropic SDK with its cloud clients (`AnthropicBedrock`,
+/// `AnthropicVertex`) and what they import: boto3 and google-auth.
+const ANTHROPIC_CLOUDS: Sdk = Sdk {
+    package: Some("anthropic[bedrock,vertex]"),
+    module: "anthropic",
+    from: (0, 40),
+    until: (3, 0),
+    deps: "pydeps-anthropic-clouds",
+    also: &["boto3", "botocore", "google.auth"],
 };
 
 /// Google's `google-genai` (`genai.Client`, `types.HttpOptions`, `errors.APIError`).
@@ -91,6 +113,7 @@ const GOOGLE_GENAI: Sdk = Sdk {
     from: (1, 0),
     until: (4, 0),
     deps: "pydeps-google-genai",
+    also: &[],
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,6 +393,13 @@ impl Python {
         Self::found(&FOUND, &ANTHROPIC).await
     }
 
+    /// As `with_openai`, for the `anthropic` package with its Bedrock and
+    /// Vertex clients (boto3 and google-auth with them).
+    pub(crate) async fn with_anthropic_clouds() -> Self {
+        static FOUND: Found = Found::const_new();
+        Self::found(&FOUND, &ANTHROPIC_CLOUDS).await
+    }
+
     /// As `with_openai`, for Google's `google-genai` package.
     pub(crate) async fn with_google_genai() -> Self {
         static FOUND: Found = Found::const_new();
@@ -438,7 +468,18 @@ impl Python {
             .env_remove("GOOGLE_API_KEY")
             .env_remove("GEMINI_API_KEY")
             .env_remove("GOOGLE_GEMINI_BASE_URL")
-            .env_remove("GOOGLE_GENAI_USE_VERTEXAI");
+            .env_remove("GOOGLE_GENAI_USE_VERTEXAI")
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_BEARER_TOKEN_BEDROCK")
+            .env_remove("ANTHROPIC_BEDROCK_BASE_URL")
+            .env_remove("ANTHROPIC_VERTEX_BASE_URL")
+            // boto3 reads no machine's config or credentials files.
+            .env("AWS_CONFIG_FILE", "/dev/null")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+            .env("AWS_EC2_METADATA_DISABLED", "true");
         let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
