@@ -649,7 +649,7 @@ fn aws_error_type(status: StatusCode) -> &'static str {
         401 | 403 => "AccessDeniedException",
         404 => "ResourceNotFoundException",
         408 | 504 => "ModelTimeoutException",
-        413 | 400..=428 => "ValidationException",
+        400..=428 => "ValidationException",
         429 => "ThrottlingException",
         503 | 529 => "ServiceUnavailableException",
         _ => "InternalServerException",

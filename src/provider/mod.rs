@@ -11,6 +11,7 @@ mod azure;
 mod bedrock;
 pub mod entra;
 mod gemini;
+pub mod google;
 mod openai;
 pub mod token;
 mod vertex;
