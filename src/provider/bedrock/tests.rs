@@ -270,8 +270,14 @@ struct Received {
     body: Bytes,
 }
 
-/// A server on 127.0.0.1:0 that hands over each request it gets.
-async fn capturing_server() -> (String, tokio::sync::mpsc::Receiver<Received>) {
+/// What the test server answers: status, headers, body.
+type Answer = (u16, &'static [(&'static str, &'static str)], &'static str);
+
+const OK_JSON: Answer = (200, &[("content-type", "application/json")], "{}");
+
+/// A server on 127.0.0.1:0 that hands over each request it gets, and
+/// answers `answer`.
+async fn capturing_server(answer: Answer) -> (String, tokio::sync::mpsc::Receiver<Received>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (sender, receiver) = tokio::sync::mpsc::channel(4);
@@ -286,7 +292,12 @@ async fn capturing_server() -> (String, tokio::sync::mpsc::Receiver<Received>) {
                 body,
             };
             sender.send(received).await.unwrap();
-            "{}"
+            let (status, headers, body) = answer;
+            let mut response = http::Response::builder().status(status);
+            for (name, value) in headers {
+                response = response.header(*name, *value);
+            }
+            response.body(axum::body::Body::from(body)).unwrap()
         }
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -350,7 +361,7 @@ fn verify_sigv4(received: &Received, secret: &str, region: &str, service: &str) 
 /// the content type and the session token.
 #[tokio::test]
 async fn sigv4_signs_the_request_as_sent() {
-    let (url, mut requests) = capturing_server().await;
+    let (url, mut requests) = capturing_server(OK_JSON).await;
     let adapter = signing(&url);
     let body = messages_body(true);
     let prepared = adapter
@@ -526,4 +537,91 @@ async fn a_json_answer_is_unchanged() {
     ));
     assert_eq!(answer.headers()[header::CONTENT_TYPE], "application/json");
     assert_eq!(answer.text().await.unwrap(), json);
+}
+
+/// Through the client: no caller header reaches Bedrock (its beta is in the
+/// body), one `Content-Type`, the account's key and never the caller's;
+/// Bedrock's refusal comes back in Anthropic's shape.
+#[tokio::test]
+async fn the_client_sends_bedrock_no_caller_header_and_relays_its_error_as_anthropics() {
+    const REFUSED: Answer = (
+        400,
+        &[
+            ("content-type", "application/json"),
+            ("x-amzn-ErrorType", "ValidationException"),
+        ],
+        r#"{"message":"max_tokens: field required"}"#,
+    );
+    let (url, mut requests) = capturing_server(REFUSED).await;
+    // Below a path: the configuration refuses an Anthropic-API member's bare
+    // host (Anthropic's needs its `/v1`), Bedrock's real endpoint too.
+    let url = format!("{url}/runtime");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nupstreams:\n  - name: claude\n    api: anthropic\n    \
+         provider: bedrock\n    base_url: {url}\n    region: us-east-1\n    \
+         api_key_env: BEDROCK_KEY\n    deployments: {{claude-sonnet: anthropic.claude-v2:1}}\n"
+    );
+    let config = crate::config::Config::load(&yaml, [("BEDROCK_KEY", "ABSK-key")]).unwrap();
+    let upstream =
+        crate::upstream::Upstream::new(&config, crate::metrics::Metrics::new(&config)).unwrap();
+    let caller_headers = [
+        ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+        ("anthropic-version", "2023-06-01"),
+        ("accept", "text/event-stream"),
+        ("content-type", "application/json; charset=utf-8"),
+    ];
+    let outbound = crate::upstream::Outbound {
+        upstream: 0,
+        method: Method::POST,
+        path: "/messages".into(),
+        query: None,
+        headers: caller_headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                )
+            })
+            .collect(),
+        authorization: Some(HeaderValue::from_static("Bearer sk-ant-api03-caller")),
+        affinity: None,
+        pin: None,
+        model: Some("claude-sonnet".into()),
+        body: messages_body(false),
+    };
+    let label = crate::metrics::ModelLabel::for_tests("claude-sonnet");
+    let err = upstream.call_buffered(&outbound, &label).await.unwrap_err();
+    let GatewayError::Upstream { status, body, .. } = err else {
+        panic!("{err}");
+    };
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body,
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+               "message": "max_tokens: field required"}})
+    );
+    let received = tokio::time::timeout(Duration::from_secs(10), requests.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        received.path,
+        "/runtime/model/anthropic.claude-v2%3A1/invoke"
+    );
+    for name in ["anthropic-beta", "anthropic-version", "x-api-key"] {
+        assert!(received.headers.get(name).is_none(), "{name} was sent");
+    }
+    // reqwest's own default, not the caller's.
+    assert_eq!(received.headers["accept"], "*/*");
+    let content_types: Vec<_> = received.headers.get_all("content-type").iter().collect();
+    assert_eq!(content_types, ["application/json"]);
+    assert_eq!(received.headers["authorization"], "Bearer ABSK-key");
+    let sent: Value = serde_json::from_slice(&received.body).unwrap();
+    assert_eq!(
+        sent["anthropic_beta"],
+        json!(["interleaved-thinking-2025-05-14"])
+    );
+    assert!(requests.try_recv().is_err(), "a 400 is not retried");
 }
