@@ -10,6 +10,7 @@ mod anthropic;
 mod azure;
 mod bedrock;
 pub mod entra;
+mod eventstream;
 mod gemini;
 pub mod google;
 mod openai;
@@ -89,12 +90,28 @@ pub trait Adapter: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether the caller's header `name` (keyed and allowlisted) goes to
+    /// this provider: one that takes the caller's settings in the body
+    /// instead (Bedrock's `anthropic_beta`), or signs its headers, refuses
+    /// them.
+    fn forwards(&self, _name: &HeaderName) -> bool {
+        true
+    }
+
     /// The request for `call`; `token` is the bearer from [`Adapter::token`].
     fn prepare(
         &self,
         call: &Call<'_>,
         token: Option<&HeaderValue>,
     ) -> Result<Prepared, GatewayError>;
+
+    /// Every response of an attempt, before anything reads it, in the terms
+    /// of the pool's wire: a provider whose stream or errors take another
+    /// form (Bedrock's binary event stream, its `x-amzn-ErrorType` errors)
+    /// answers as the wire's own provider would.
+    fn answer(&self, response: reqwest::Response) -> reqwest::Response {
+        response
+    }
 }
 
 /// The adapter for `member`, calling with `client` (a token request too).

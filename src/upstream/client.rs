@@ -532,16 +532,21 @@ impl Upstream {
             )
             .map_err(AttemptError::fatal)?;
         let mut request = target.client.request(outbound.method.clone(), prepared.url);
-        // Exactly one Content-Type: the caller's (a multipart boundary, say)
-        // when it sent one, else JSON, what every deduplicated body is.
-        if !outbound
+        let headers = outbound
             .headers
             .iter()
+            .filter(|(name, _)| target.adapter.forwards(name))
+            .chain(&prepared.headers);
+        // Exactly one Content-Type: the caller's (a multipart boundary, say)
+        // or the adapter's when either has one, else JSON, what every
+        // deduplicated body is.
+        if !headers
+            .clone()
             .any(|(name, _)| name == header::CONTENT_TYPE)
         {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        for (name, value) in outbound.headers.iter().chain(&prepared.headers) {
+        for (name, value) in headers {
             request = request.header(name, value);
         }
         if let Wait::Whole(timeout) = wait {
@@ -576,7 +581,7 @@ impl Upstream {
         };
         let response = response.map_err(|err| classify_send_error(err, &target.name, resend))?;
         traces::record_upstream_status(response.status());
-        Ok(response)
+        Ok(target.adapter.answer(response))
     }
 
     async fn read_body(
