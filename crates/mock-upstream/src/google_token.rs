@@ -140,7 +140,7 @@ impl MockProvider {
     /// queue live 3599 s. `expires_in` reports it in whole seconds, rounded down; the token is
     /// refused from the exact instant it expires, by tokio's clock.
     pub fn push_google_token_lifetime(&self, lifetime: Duration) {
-        lock(&self.inner.shared.google.lifetimes).push_back(lifetime);
+        self.inner.shared.google.push_lifetime(lifetime);
     }
 
     /// Requests to Google's token endpoint so far, refused ones included. Not billable calls.
@@ -173,6 +173,10 @@ pub(super) struct GoogleTokens {
 }
 
 impl GoogleTokens {
+    pub(super) fn push_lifetime(&self, lifetime: Duration) {
+        lock(&self.lifetimes).push_back(lifetime);
+    }
+
     /// Whether `token` was issued here and has not expired.
     pub(super) fn accepts(&self, token: &str) -> bool {
         lock(&self.tokens)
@@ -187,7 +191,7 @@ impl GoogleTokens {
     }
 
     /// Issue a token, forgetting the expired ones so the table stays bounded.
-    fn issue(&self) -> (String, Duration) {
+    pub(super) fn issue(&self) -> (String, Duration) {
         let lifetime = lock(&self.lifetimes)
             .pop_front()
             .unwrap_or(DEFAULT_TOKEN_LIFETIME);

@@ -226,7 +226,7 @@ async fn azure_call(
 async fn vertex_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     match shared.admit_vertex(request.uri().path(), request.headers()) {
         Ok(publisher) => billable(&shared, Endpoint::Vertex(publisher), request).await,
-        Err(refusal) => refusal,
+        Err(refusal) => refusal.response(request.uri().path()),
     }
 }
 

@@ -90,31 +90,47 @@ impl<'a> Target<'a> {
     }
 }
 
+/// Why Vertex's door turned a request away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// No bearer token the mock's Google endpoint issued and that has not expired.
+    Unauthenticated,
+    /// A publisher or method the mock does not serve.
+    NotFound,
+}
+
+impl Refusal {
+    /// Google's answer to a request refused at `path`.
+    pub(super) fn response(self, path: &str) -> Response {
+        match self {
+            Self::Unauthenticated => gemini::error(StatusCode::UNAUTHORIZED, UNAUTHENTICATED),
+            Self::NotFound => gemini::error(
+                StatusCode::NOT_FOUND,
+                &format!("The requested URL {path} was not found on this server."),
+            ),
+        }
+    }
+}
+
 impl Shared {
-    /// Let a Vertex request through the door, returning its publisher, or answer it there: 401
-    /// without a bearer token the mock's Google endpoint issued and that has not expired, 404
-    /// for a path the mock does not serve.
+    /// Let a Vertex request through the door, returning its publisher, or say why not: the
+    /// credential is judged before the path, as Google does.
     pub(super) fn admit_vertex(
         &self,
         path: &str,
         headers: &HeaderMap,
-    ) -> Result<Publisher, Response> {
+    ) -> Result<Publisher, Refusal> {
         let token = headers
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "))
             .unwrap_or_default();
         if !self.google.accepts(token.trim()) {
-            return Err(gemini::error(StatusCode::UNAUTHORIZED, UNAUTHENTICATED));
+            return Err(Refusal::Unauthenticated);
         }
         Target::of(path)
             .map(|target| target.publisher)
-            .ok_or_else(|| {
-                gemini::error(
-                    StatusCode::NOT_FOUND,
-                    &format!("The requested URL {path} was not found on this server."),
-                )
-            })
+            .ok_or(Refusal::NotFound)
     }
 }
 
