@@ -79,6 +79,12 @@ struct ServiceAccount {
 fn service_account() -> &'static ServiceAccount {
     static ACCOUNT: OnceLock<ServiceAccount> = OnceLock::new();
     ACCOUNT.get_or_init(|| {
+        // With both of jsonwebtoken's backends enabled in one build (a crate beside the mock
+        // choosing aws-lc), the crate picks neither by itself: choose the one this crate asks
+        // for, unless the process installed one already (then that one serves).
+        let _already_installed = jsonwebtoken::crypto::CryptoProvider::install_default(
+            &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER,
+        );
         let private_key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, RSA_BITS)
             .expect("generating the test service account's RSA key");
         let public_der = private_key

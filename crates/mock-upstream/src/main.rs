@@ -1,5 +1,6 @@
 //! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini, Azure OpenAI and
-//! Vertex AI APIs, Entra's and Google's token endpoints included), for integration tests, demos and load tests.
+//! Vertex AI APIs, Entra's and Google's token endpoints included), for integration tests, demos
+//! and load tests.
 //!
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
@@ -17,8 +18,8 @@ use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings, servic
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI-, Anthropic-, Gemini- and Azure-OpenAI-compatible provider for tests, demos
-/// and load tests.
+/// A fake OpenAI-, Anthropic-, Gemini-, Azure-OpenAI- and Vertex-AI-compatible provider for
+/// tests, demos and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
 struct Args {

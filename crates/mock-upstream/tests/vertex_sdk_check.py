@@ -8,7 +8,9 @@ Exits non-zero with a traceback on the first mismatch, and prints "N passed, 0 f
 every check passed.
 
 Tested with (pip): anthropic[vertex]==0.121.0 google-genai==3.6.1 (google-auth==2.63.1 comes
-with them).
+with them). anthropic 0.121.0 is the release whose Vertex client sends
+`"anthropic_version": "vertex-2023-10-16"`; the 2.x releases on the index (2.17.0) send their
+Messages API version ("2026-10-21") there instead, which the mock refuses as any other version.
 
 What it proves: `google.oauth2.service_account.Credentials` reads the mock's key file and trades
 its signed assertion for a token at the mock's `/token`; `anthropic.AnthropicVertex` sends
