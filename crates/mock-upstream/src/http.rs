@@ -1,7 +1,8 @@
 //! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
 //! script or failure or answer) and the headers every response carries; a streamed answer is
 //! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`) before they take
-//! that path; Entra's token endpoint (`entra.rs`) is not billable.
+//! that path, Vertex AI's pass Vertex's (`vertex.rs`); Entra's and Google's token endpoints
+//! (`entra.rs`, `google_token.rs`) are not billable.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,7 +25,9 @@ use super::azure::{self, Operation, Shape};
 use super::delivery::{self, Delivery};
 use super::entra;
 use super::gemini;
+use super::google_token;
 use super::openai::{self, Answer, InvalidRequest};
+use super::vertex::{self, Publisher};
 use super::{FailureMode, RecordedRequest, Scripted, Shared};
 
 /// Largest request body read; generous because load tests send long prompts.
@@ -72,7 +75,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/openai/responses", post(azure_responses))
         .route("/openai/{*rest}", any(azure_not_found))
+        .route("/v1/projects/{*target}", post(vertex_call))
+        .route("/v1beta1/projects/{*target}", post(vertex_call))
         .merge(entra::router())
+        .merge(google_token::router())
         .merge(admin::router())
         .fallback(not_found)
         .layer(middleware::from_fn(provider_headers))
@@ -98,6 +104,8 @@ enum Endpoint {
     Gemini,
     /// An Azure OpenAI operation, past Azure's door.
     Azure(Operation),
+    /// A Vertex AI model method, past Vertex's door.
+    Vertex(Publisher),
 }
 
 impl Endpoint {
@@ -112,6 +120,8 @@ impl Endpoint {
             anthropic::error(status, kind, message)
         } else if let Self::Gemini = self {
             gemini::error(status, message)
+        } else if let Self::Vertex(publisher) = self {
+            vertex::error(publisher, status, message)
         } else {
             openai_error(status, kind, message, code)
         }
@@ -209,6 +219,14 @@ async fn azure_call(
     match shared.admit_azure(request, shape).await {
         Ok(request) => billable(shared, Endpoint::Azure(operation), request).await,
         Err(refusal) => refusal,
+    }
+}
+
+/// A Vertex AI call: through Vertex's door, then billed like any other.
+async fn vertex_call(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    match shared.admit_vertex(request.uri().path(), request.headers()) {
+        Ok(publisher) => billable(&shared, Endpoint::Vertex(publisher), request).await,
+        Err(refusal) => refusal.response(request.uri().path()),
     }
 }
 
@@ -332,6 +350,13 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Azure(operation) => {
                         azure::answer(operation, parts.uri.path(), &body, arrival.call)
                     }
+                    Endpoint::Vertex(_) => vertex::answer(
+                        parts.uri.path(),
+                        parts.uri.query(),
+                        &parts.headers,
+                        &body,
+                        arrival.call,
+                    ),
                 };
                 match (endpoint, &answer) {
                     (
@@ -409,7 +434,7 @@ fn scripted_response(script: Scripted) -> Response {
 /// `gemini::failure`'s.
 fn failure_response(failure: &FailureMode, endpoint: Endpoint, query: Option<&str>) -> Response {
     let status = status_or_500(failure.status);
-    if let Endpoint::Gemini = endpoint {
+    if let Endpoint::Gemini | Endpoint::Vertex(_) = endpoint {
         return gemini::failure(failure, status);
     }
     if let Endpoint::Azure(operation) = endpoint {

@@ -1,4 +1,4 @@
-//! The mock provider (OpenAI, Anthropic, Gemini and Azure OpenAI): a real HTTP server that
+//! The mock provider (OpenAI, Anthropic, Gemini, Azure OpenAI and Vertex AI): a real HTTP server that
 //! stands in for the paid providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
@@ -38,6 +38,20 @@
 //! [`MockProvider::token_requests`], apart from the calls). Requests the door refuses are no
 //! calls; [`MockProvider::azure_refused`] keeps them.
 //!
+//! Vertex AI (`vertex.rs`) answers Claude and Gemini by Vertex's paths, `POST
+//! /v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model}:{method}`
+//! (also under `/v1beta1/`): publisher `anthropic` with `rawPredict` (a Messages answer) and
+//! `streamRawPredict` (Anthropic's SSE), the body a Messages body without `model` and with
+//! `"anthropic_version": "vertex-2023-10-16"` ([`VERTEX_ANTHROPIC_VERSION`]); publisher `google`
+//! with `generateContent`, `streamGenerateContent` and `countTokens`, as the Gemini surface
+//! answers them. The answers name the path's model; they are billed and steered like any call,
+//! injected failures in Google's shape. Every Vertex path wants `Authorization: Bearer` with an
+//! unexpired token from the mock's Google token endpoint, `POST /token` (`google_token.rs`: the
+//! JWT-bearer grant, its assertion signed by the test service account whose key file
+//! [`MockProvider::service_account_json`] returns, made once per process; lifetimes queued by
+//! [`MockProvider::push_google_token_lifetime`], requests counted by
+//! [`MockProvider::google_token_requests`]). Requests refused there are no calls.
+//!
 //! Elsewhere it deliberately does not model tokenizers, rate limits or authentication: the
 //! gateway forwards those untouched, so the mock only has to make them observable. Tool calls are
 //! modelled only where an agent needs one to take a step: a Responses request that forces a
@@ -49,6 +63,7 @@ mod azure;
 mod delivery;
 mod entra;
 mod gemini;
+mod google_token;
 mod http;
 mod openai;
 mod responses;
@@ -57,6 +72,7 @@ mod stream_starts;
 mod test_support;
 #[cfg(test)]
 mod tests;
+mod vertex;
 
 pub use azure::{
     AZURE_CHAT_MODEL, AZURE_EMBEDDING_MODEL, CONTENT_FILTER_400_TRIGGER,
@@ -64,6 +80,10 @@ pub use azure::{
 };
 pub use delivery::StreamsAtEnd;
 pub use entra::EntraClient;
+pub use google_token::{
+    CLOUD_PLATFORM_SCOPE, SERVICE_ACCOUNT_EMAIL, SERVICE_ACCOUNT_PROJECT, service_account_json,
+};
+pub use vertex::VERTEX_ANTHROPIC_VERSION;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -484,8 +504,8 @@ impl MockProvider {
     /// Back to the state right after start: counters, recorded requests and scripts cleared,
     /// held calls and stream ends released, failure, latency and truncation as in the startup
     /// settings, no padding; Azure keys and the Entra client as in the settings, no queued
-    /// token lifetimes, token requests and refused Azure requests cleared. Tokens already
-    /// issued stay valid until they expire.
+    /// token lifetimes (Entra's and Google's), token requests and refused Azure requests
+    /// cleared. Tokens already issued stay valid until they expire.
     pub fn reset(&self) {
         self.inner.shared.reset();
     }
@@ -513,6 +533,8 @@ struct Shared {
     azure: azure::Door,
     /// Entra's token endpoint: the known client, queued lifetimes, issued tokens.
     entra: entra::Entra,
+    /// Google's token endpoint: queued lifetimes, issued tokens (Vertex AI's door).
+    google: google_token::GoogleTokens,
 }
 
 /// What is recorded per call; one lock so the count, the record and the script popped for a
@@ -560,6 +582,7 @@ impl Shared {
             stopping: CancellationToken::new(),
             azure: azure::Door::new(settings.azure_keys.clone()),
             entra: entra::Entra::new(settings.entra_client.clone()),
+            google: google_token::GoogleTokens::default(),
             settings,
         }
     }
@@ -689,6 +712,7 @@ impl Shared {
         self.set_stream_starts_held(false);
         self.azure.reset();
         self.entra.reset();
+        self.google.reset();
     }
 }
 

@@ -1,5 +1,6 @@
-//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini and Azure OpenAI APIs,
-//! Entra's token endpoint included), for integration tests, demos and load tests.
+//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini, Azure OpenAI and
+//! Vertex AI APIs, Entra's and Google's token endpoints included), for integration tests, demos
+//! and load tests.
 //!
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
@@ -13,12 +14,12 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
-use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings};
+use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings, service_account_json};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI-, Anthropic-, Gemini- and Azure-OpenAI-compatible provider for tests, demos
-/// and load tests.
+/// A fake OpenAI-, Anthropic-, Gemini-, Azure-OpenAI- and Vertex-AI-compatible provider for
+/// tests, demos and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
 struct Args {
@@ -55,6 +56,10 @@ struct Args {
     /// That client's secret.
     #[arg(long, requires = "entra_client_id")]
     entra_client_secret: Option<String>,
+    /// Write the test service account's JSON key file (Vertex AI's credential, its token URI
+    /// this mock's `/token`) to this path before the ready line.
+    #[arg(long)]
+    google_service_account_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -91,6 +96,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
+    if let Some(path) = &args.google_service_account_file {
+        std::fs::write(path, service_account_json(&format!("http://{addr}")))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "mock-upstream listening on http://{addr}/v1")?;
     stdout.flush()?;
