@@ -1,7 +1,8 @@
 //! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
 //! script or failure or answer) and the headers every response carries; a streamed answer is
-//! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`) before they take
-//! that path; Entra's token endpoint (`entra.rs`) is not billable.
+//! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`) and Bedrock's pass
+//! AWS's (`bedrock.rs`) before they take that path; Entra's token endpoint (`entra.rs`) is not
+//! billable.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +22,7 @@ use serde_json::json;
 use super::admin;
 use super::anthropic;
 use super::azure::{self, Operation, Shape};
+use super::bedrock;
 use super::delivery::{self, Delivery};
 use super::entra;
 use super::gemini;
@@ -72,6 +74,12 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/openai/responses", post(azure_responses))
         .route("/openai/{*rest}", any(azure_not_found))
+        .route("/model/{model_id}/invoke", post(bedrock_invoke))
+        .route(
+            "/model/{model_id}/invoke-with-response-stream",
+            post(bedrock_invoke_stream),
+        )
+        .merge(bedrock::router())
         .merge(entra::router())
         .merge(admin::router())
         .fallback(not_found)
@@ -98,6 +106,8 @@ enum Endpoint {
     Gemini,
     /// An Azure OpenAI operation, past Azure's door.
     Azure(Operation),
+    /// A Bedrock Runtime operation, past Bedrock's door.
+    Bedrock(bedrock::Operation),
 }
 
 impl Endpoint {
@@ -112,6 +122,8 @@ impl Endpoint {
             anthropic::error(status, kind, message)
         } else if let Self::Gemini = self {
             gemini::error(status, message)
+        } else if let Self::Bedrock(_) = self {
+            bedrock::error(status, message)
         } else {
             openai_error(status, kind, message, code)
         }
@@ -208,6 +220,26 @@ async fn azure_call(
 ) -> Response {
     match shared.admit_azure(request, shape).await {
         Ok(request) => billable(shared, Endpoint::Azure(operation), request).await,
+        Err(refusal) => refusal,
+    }
+}
+
+async fn bedrock_invoke(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    bedrock_call(&shared, bedrock::Operation::Invoke, request).await
+}
+
+async fn bedrock_invoke_stream(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    bedrock_call(&shared, bedrock::Operation::InvokeStream, request).await
+}
+
+/// A Bedrock call: through Bedrock's door (AWS credentials), then billed like any other.
+async fn bedrock_call(
+    shared: &Arc<Shared>,
+    operation: bedrock::Operation,
+    request: Request,
+) -> Response {
+    match shared.admit_bedrock(request).await {
+        Ok(request) => billable(shared, Endpoint::Bedrock(operation), request).await,
         Err(refusal) => refusal,
     }
 }
@@ -332,6 +364,9 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                     Endpoint::Azure(operation) => {
                         azure::answer(operation, parts.uri.path(), &body, arrival.call)
                     }
+                    Endpoint::Bedrock(operation) => {
+                        bedrock::answer(operation, parts.uri.path(), &body, arrival.call)
+                    }
                 };
                 match (endpoint, &answer) {
                     (
@@ -347,7 +382,10 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                 }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
-                    Ok(Answer::Blocked { status, body }) => (status, Json(body)).into_response(),
+                    Ok(Answer::Blocked { status, body }) => match endpoint {
+                        Endpoint::Bedrock(_) => bedrock::blocked(status, body),
+                        _ => (status, Json(body)).into_response(),
+                    },
                     Ok(Answer::Stream(events)) => delivery::sse_response(
                         Arc::clone(shared),
                         events,
@@ -414,6 +452,9 @@ fn failure_response(failure: &FailureMode, endpoint: Endpoint, query: Option<&st
     }
     if let Endpoint::Azure(operation) = endpoint {
         return azure::failure(failure, status, operation, query);
+    }
+    if let Endpoint::Bedrock(_) = endpoint {
+        return bedrock::failure(failure, status);
     }
     if endpoint.is_anthropic() {
         let message = match status.as_u16() {
