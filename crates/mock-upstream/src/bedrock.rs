@@ -5,7 +5,8 @@
 //!
 //! The body is a Messages body as Bedrock takes it: no `model` (the path names it,
 //! percent-encoded: `us.anthropic.claude-sonnet-4-5-20250929-v1%3A0`), no `stream` (the path
-//! says that too), `"anthropic_version": "bedrock-2023-05-31"` and betas as `anthropic_beta`
+//! says that too), `"anthropic_version": "bedrock-2023-05-31"` (or the dated API version the
+//! current `anthropic` SDK sends, [`BEDROCK_ANTHROPIC_VERSIONS`]) and betas as `anthropic_beta`
 //! instead of headers. A body that breaks those rules is refused with a 400
 //! `ValidationException` worded as Bedrock words it.
 //!
@@ -29,7 +30,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -52,8 +53,12 @@ pub const BEDROCK_TEST_SECRET_ACCESS_KEY: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY
 pub const BEDROCK_TEST_API_KEY: &str = "ABSKbW9jay11cHN0cmVhbTp0ZXN0LWJlZHJvY2sta2V5";
 /// The region signatures must be scoped to unless configured otherwise.
 pub const BEDROCK_DEFAULT_REGION: &str = "us-east-1";
-/// The only `anthropic_version` Bedrock accepts in a body.
+/// The `anthropic_version` Bedrock documents for a body.
 pub const BEDROCK_ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
+/// Every `anthropic_version` Bedrock accepts: its own, and the API version the `anthropic` SDK's
+/// `AnthropicBedrock` sends since its 2.0 (the SDK's `ANTHROPIC_API_VERSION`). Any other value,
+/// Anthropic's older `2023-06-01` included, is a `ValidationException`.
+pub const BEDROCK_ANTHROPIC_VERSIONS: [&str; 2] = [BEDROCK_ANTHROPIC_VERSION, "2026-10-21"];
 /// In a user message of a streamed call: the stream sends its first chunks, then a
 /// `throttlingException` frame, and ends.
 pub const BEDROCK_THROTTLE_MIDSTREAM_TRIGGER: &str = "[[bedrock_throttle_midstream]]";
@@ -333,9 +338,12 @@ fn parse_body(body: &[u8]) -> Result<Map<String, Value>, InvalidRequest> {
     }
     match request.get("anthropic_version") {
         None => Err(malformed("#: required key [anthropic_version] not found")),
-        Some(Value::String(version)) if version == BEDROCK_ANTHROPIC_VERSION => Ok(request),
+        Some(Value::String(version)) if BEDROCK_ANTHROPIC_VERSIONS.contains(&version.as_str()) => {
+            Ok(request)
+        }
         Some(other) => Err(InvalidRequest::new(format!(
-            "Invalid API version: {other}. Supported: {BEDROCK_ANTHROPIC_VERSION}."
+            "Invalid API version: {other}. Supported: {}.",
+            BEDROCK_ANTHROPIC_VERSIONS.join(", ")
         ))),
     }
 }
@@ -436,6 +444,23 @@ fn sse_data(frame: &Bytes) -> Option<Value> {
     let text = std::str::from_utf8(frame).ok()?;
     let data = text.split_once("\ndata: ")?.1.trim_end();
     serde_json::from_str(data).ok()
+}
+
+/// A response stream names the content type of the chunks it carries in
+/// `x-amzn-bedrock-content-type` (what boto3 reports as `contentType`); other answers pass as
+/// they are.
+pub(super) fn with_stream_headers(mut response: Response) -> Response {
+    let streamed = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value == eventstream::CONTENT_TYPE);
+    if response.status().is_success() && streamed {
+        response.headers_mut().insert(
+            HeaderName::from_static("x-amzn-bedrock-content-type"),
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    response
 }
 
 /// An error in Bedrock's shape, its type chosen by the status as Bedrock's are.

@@ -239,7 +239,10 @@ async fn bedrock_call(
     request: Request,
 ) -> Response {
     match shared.admit_bedrock(request).await {
-        Ok(request) => billable(shared, Endpoint::Bedrock(operation), request).await,
+        Ok(request) => {
+            let answer = billable(shared, Endpoint::Bedrock(operation), request).await;
+            bedrock::with_stream_headers(answer)
+        }
         Err(refusal) => refusal,
     }
 }

@@ -42,7 +42,7 @@
 //! /model/{modelId}/invoke` (JSON) and `POST /model/{modelId}/invoke-with-response-stream` (AWS
 //! event-stream frames, each a `chunk` wrapping one Messages event), the model id
 //! percent-encoded in the path, with the Messages content of the Anthropic surface. Bodies are
-//! Bedrock's: `anthropic_version` = [`BEDROCK_ANTHROPIC_VERSION`], no `model`, no `stream`
+//! Bedrock's: `anthropic_version` one of [`BEDROCK_ANTHROPIC_VERSIONS`], no `model`, no `stream`
 //! (else a 400 `ValidationException`). It authenticates as AWS does: a SigV4 signature (service
 //! `bedrock`, [`BedrockSettings::region`]) checked over the exact body with the mock's
 //! [`AwsCredentials`] (`sigv4_check.rs`, signatures counted by [`MockProvider::sigv4_verified`]),
@@ -79,7 +79,7 @@ pub use azure::{
     CONTENT_FILTER_FINISH_TRIGGER,
 };
 pub use bedrock::{
-    AwsCredentials, BEDROCK_ANTHROPIC_VERSION, BEDROCK_DEFAULT_REGION,
+    AwsCredentials, BEDROCK_ANTHROPIC_VERSION, BEDROCK_ANTHROPIC_VERSIONS, BEDROCK_DEFAULT_REGION,
     BEDROCK_MODEL_NOT_READY_TRIGGER, BEDROCK_TEST_ACCESS_KEY_ID, BEDROCK_TEST_API_KEY,
     BEDROCK_TEST_SECRET_ACCESS_KEY, BEDROCK_THROTTLE_MIDSTREAM_TRIGGER, BedrockSettings,
 };
