@@ -360,4 +360,4 @@ pub(crate) fn amz_date(time: SystemTime) -> String {
 
 #[cfg(test)]
 #[path = "sigv4_check_tests.rs"]
-mod tests;
+pub(crate) mod tests;
