@@ -1,8 +1,8 @@
 //! The mock's HTTP layer: the router, the path every billable call takes (record, hold, latency,
 //! script or failure or answer) and the headers every response carries; a streamed answer is
-//! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`) before they take
-//! that path, Vertex AI's pass Vertex's (`vertex.rs`); Entra's and Google's token endpoints
-//! (`entra.rs`, `google_token.rs`) are not billable.
+//! delivered by `delivery.rs`. Azure's routes pass Azure's door (`azure.rs`), Bedrock's pass
+//! AWS's (`bedrock.rs`) and Vertex AI's pass Vertex's (`vertex.rs`) before they take that path;
+//! Entra's and Google's token endpoints (`entra.rs`, `google_token.rs`) are not billable.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +22,7 @@ use serde_json::json;
 use super::admin;
 use super::anthropic;
 use super::azure::{self, Operation, Shape};
+use super::bedrock;
 use super::delivery::{self, Delivery};
 use super::entra;
 use super::gemini;
@@ -77,6 +78,12 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/openai/{*rest}", any(azure_not_found))
         .route("/v1/projects/{*target}", post(vertex_call))
         .route("/v1beta1/projects/{*target}", post(vertex_call))
+        .route("/model/{model_id}/invoke", post(bedrock_invoke))
+        .route(
+            "/model/{model_id}/invoke-with-response-stream",
+            post(bedrock_invoke_stream),
+        )
+        .merge(bedrock::router())
         .merge(entra::router())
         .merge(google_token::router())
         .merge(admin::router())
@@ -106,6 +113,8 @@ enum Endpoint {
     Azure(Operation),
     /// A Vertex AI model method, past Vertex's door.
     Vertex(Publisher),
+    /// A Bedrock Runtime operation, past Bedrock's door.
+    Bedrock(bedrock::Operation),
 }
 
 impl Endpoint {
@@ -122,6 +131,8 @@ impl Endpoint {
             gemini::error(status, message)
         } else if let Self::Vertex(publisher) = self {
             vertex::error(publisher, status, message)
+        } else if let Self::Bedrock(_) = self {
+            bedrock::error(status, message)
         } else {
             openai_error(status, kind, message, code)
         }
@@ -227,6 +238,29 @@ async fn vertex_call(State(shared): State<Arc<Shared>>, request: Request) -> Res
     match shared.admit_vertex(request.uri().path(), request.headers()) {
         Ok(publisher) => billable(&shared, Endpoint::Vertex(publisher), request).await,
         Err(refusal) => refusal.response(request.uri().path()),
+    }
+}
+
+async fn bedrock_invoke(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    bedrock_call(&shared, bedrock::Operation::Invoke, request).await
+}
+
+async fn bedrock_invoke_stream(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    bedrock_call(&shared, bedrock::Operation::InvokeStream, request).await
+}
+
+/// A Bedrock call: through Bedrock's door (AWS credentials), then billed like any other.
+async fn bedrock_call(
+    shared: &Arc<Shared>,
+    operation: bedrock::Operation,
+    request: Request,
+) -> Response {
+    match shared.admit_bedrock(request).await {
+        Ok(request) => {
+            let answer = billable(shared, Endpoint::Bedrock(operation), request).await;
+            bedrock::with_stream_headers(answer)
+        }
+        Err(refusal) => refusal,
     }
 }
 
@@ -357,6 +391,9 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                         &body,
                         arrival.call,
                     ),
+                    Endpoint::Bedrock(operation) => {
+                        bedrock::answer(operation, parts.uri.path(), &body, arrival.call)
+                    }
                 };
                 match (endpoint, &answer) {
                     (
@@ -372,7 +409,10 @@ async fn billable(shared: &Arc<Shared>, endpoint: Endpoint, request: Request) ->
                 }
                 match answer {
                     Ok(Answer::Json(value)) => Json(value).into_response(),
-                    Ok(Answer::Blocked { status, body }) => (status, Json(body)).into_response(),
+                    Ok(Answer::Blocked { status, body }) => match endpoint {
+                        Endpoint::Bedrock(_) => bedrock::blocked(status, body),
+                        _ => (status, Json(body)).into_response(),
+                    },
                     Ok(Answer::Stream(events)) => delivery::sse_response(
                         Arc::clone(shared),
                         events,
@@ -439,6 +479,9 @@ fn failure_response(failure: &FailureMode, endpoint: Endpoint, query: Option<&st
     }
     if let Endpoint::Azure(operation) = endpoint {
         return azure::failure(failure, status, operation, query);
+    }
+    if let Endpoint::Bedrock(_) = endpoint {
+        return bedrock::failure(failure, status);
     }
     if endpoint.is_anthropic() {
         let message = match status.as_u16() {

@@ -1,4 +1,4 @@
-//! The mock provider (OpenAI, Anthropic, Gemini, Azure OpenAI and Vertex AI): a real HTTP server that
+//! The mock provider (OpenAI, Anthropic, Gemini, Azure OpenAI, Amazon Bedrock and Vertex AI): a real HTTP server that
 //! stands in for the paid providers in the integration tests, the demos and the load tests.
 //!
 //! It owns three things. The OpenAI surface (`/v1/chat/completions`, `/v1/completions`,
@@ -51,6 +51,19 @@
 //! [`MockProvider::service_account_json`] returns, made once per process; lifetimes queued by
 //! [`MockProvider::push_google_token_lifetime`], requests counted by
 //! [`MockProvider::google_token_requests`]). Requests refused there are no calls.
+//! Amazon Bedrock Runtime (`bedrock.rs`) answers Anthropic models by Bedrock's paths, `POST
+//! /model/{modelId}/invoke` (JSON) and `POST /model/{modelId}/invoke-with-response-stream` (AWS
+//! event-stream frames, each a `chunk` wrapping one Messages event), the model id
+//! percent-encoded in the path, with the Messages content of the Anthropic surface. Bodies are
+//! Bedrock's: `anthropic_version` one of [`BEDROCK_ANTHROPIC_VERSIONS`], no `model`, no `stream`
+//! (else a 400 `ValidationException`). It authenticates as AWS does: a SigV4 signature (service
+//! `bedrock`, [`BedrockSettings::region`]) checked over the exact body with the mock's
+//! [`AwsCredentials`] (`sigv4_check.rs`, signatures counted by [`MockProvider::sigv4_verified`]),
+//! or `Authorization: Bearer` with an accepted API key ([`MockProvider::set_bedrock_api_keys`]);
+//! others get AWS's 403 and are kept by [`MockProvider::bedrock_refused`], not billed. Errors are
+//! `{"message"}` with `x-amzn-ErrorType`; [`BEDROCK_MODEL_NOT_READY_TRIGGER`] and
+//! [`BEDROCK_THROTTLE_MIDSTREAM_TRIGGER`] in a user message provoke a 429
+//! `ModelNotReadyException` and a `throttlingException` frame mid-stream.
 //!
 //! Elsewhere it deliberately does not model tokenizers, rate limits or authentication: the
 //! gateway forwards those untouched, so the mock only has to make them observable. Tool calls are
@@ -60,6 +73,7 @@
 mod admin;
 mod anthropic;
 mod azure;
+mod bedrock;
 mod delivery;
 mod entra;
 mod gemini;
@@ -67,6 +81,7 @@ mod google_token;
 mod http;
 mod openai;
 mod responses;
+mod sigv4_check;
 mod stream_starts;
 #[cfg(test)]
 mod test_support;
@@ -77,6 +92,11 @@ mod vertex;
 pub use azure::{
     AZURE_CHAT_MODEL, AZURE_EMBEDDING_MODEL, CONTENT_FILTER_400_TRIGGER,
     CONTENT_FILTER_FINISH_TRIGGER,
+};
+pub use bedrock::{
+    AwsCredentials, BEDROCK_ANTHROPIC_VERSION, BEDROCK_ANTHROPIC_VERSIONS, BEDROCK_DEFAULT_REGION,
+    BEDROCK_MODEL_NOT_READY_TRIGGER, BEDROCK_TEST_ACCESS_KEY_ID, BEDROCK_TEST_API_KEY,
+    BEDROCK_TEST_SECRET_ACCESS_KEY, BEDROCK_THROTTLE_MIDSTREAM_TRIGGER, BedrockSettings,
 };
 pub use delivery::StreamsAtEnd;
 pub use entra::EntraClient;
@@ -124,6 +144,9 @@ pub struct MockSettings {
     /// The app registration Entra's token endpoint knows; `None` issues a token to any client
     /// that sends a non-empty secret.
     pub entra_client: Option<EntraClient>,
+    /// Bedrock's door: the AWS credentials and region signatures are checked against, and the
+    /// accepted API keys.
+    pub bedrock: BedrockSettings,
 }
 
 /// Make a share of the billable calls fail with an error in the shape of the endpoint's API
@@ -360,7 +383,8 @@ impl MockProvider {
 
     /// Billable calls received so far (chat completions, completions, embeddings, messages,
     /// token counts, transcriptions, image generations, Gemini's `models/{model}:{method}`
-    /// calls, Azure's operations once past its door; not Entra's token requests), counted on
+    /// calls, Azure's and Bedrock's operations once past their doors; not Entra's token
+    /// requests), counted on
     /// arrival, before any hold or latency, whatever the answer turns out to be.
     pub fn calls(&self) -> u64 {
         self.inner.shared.calls()
@@ -505,7 +529,8 @@ impl MockProvider {
     /// held calls and stream ends released, failure, latency and truncation as in the startup
     /// settings, no padding; Azure keys and the Entra client as in the settings, no queued
     /// token lifetimes (Entra's and Google's), token requests and refused Azure requests
-    /// cleared. Tokens already issued stay valid until they expire.
+    /// cleared. Tokens already issued stay valid until they expire. Bedrock's credentials, region
+    /// and API keys as in the settings, its refused requests and verified-signature count cleared.
     pub fn reset(&self) {
         self.inner.shared.reset();
     }
@@ -535,6 +560,8 @@ struct Shared {
     entra: entra::Entra,
     /// Google's token endpoint: queued lifetimes, issued tokens (Vertex AI's door).
     google: google_token::GoogleTokens,
+    /// Bedrock's door: credentials, API keys, refused requests, verified signatures.
+    bedrock: bedrock::Door,
 }
 
 /// What is recorded per call; one lock so the count, the record and the script popped for a
@@ -583,6 +610,7 @@ impl Shared {
             azure: azure::Door::new(settings.azure_keys.clone()),
             entra: entra::Entra::new(settings.entra_client.clone()),
             google: google_token::GoogleTokens::default(),
+            bedrock: bedrock::Door::new(settings.bedrock.clone()),
             settings,
         }
     }
@@ -713,6 +741,7 @@ impl Shared {
         self.azure.reset();
         self.entra.reset();
         self.google.reset();
+        self.bedrock.reset();
     }
 }
 

@@ -1,11 +1,12 @@
-//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini, Azure OpenAI and
-//! Vertex AI APIs, Entra's and Google's token endpoints included), for integration tests, demos
-//! and load tests.
+//! `mock-upstream`: the shipped fake provider (OpenAI, Anthropic, Gemini, Azure OpenAI,
+//! Bedrock and Vertex AI APIs, Entra's and Google's token endpoints included), for integration
+//! tests, demos and load tests.
 //!
 //! It serves [`mock_upstream::MockProvider`] on a fixed address so that a gateway can be pointed
 //! at it without an API key or a bill. Answers are deterministic per request, every billable
 //! call is counted, and the `/__mock/*` routes (calls, reset, hold, release, failure, latency,
-//! script, truncate, stream_padding, stream_ends, azure_keys, entra_client, token_lifetimes, tokens)
+//! script, truncate, stream_padding, stream_ends, azure_keys, entra_client, token_lifetimes, tokens,
+//! bedrock)
 //! steer it while it runs. This file only wires: arguments, logging, bind,
 //! one ready line on stdout, serve until ctrl-c or SIGTERM.
 
@@ -14,11 +15,15 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
-use mock_upstream::{EntraClient, FailureMode, MockProvider, MockSettings, service_account_json};
+use mock_upstream::{
+    AwsCredentials, BEDROCK_DEFAULT_REGION, BEDROCK_TEST_ACCESS_KEY_ID, BEDROCK_TEST_API_KEY,
+    BEDROCK_TEST_SECRET_ACCESS_KEY, BedrockSettings, EntraClient, FailureMode, MockProvider,
+    MockSettings, service_account_json,
+};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-/// A fake OpenAI-, Anthropic-, Gemini-, Azure-OpenAI- and Vertex-AI-compatible provider for
+/// A fake OpenAI-, Anthropic-, Gemini-, Azure-OpenAI-, Bedrock- and Vertex-AI-compatible provider for
 /// tests, demos and load tests.
 #[derive(Debug, Parser)]
 #[command(name = "mock-upstream", version)]
@@ -60,6 +65,21 @@ struct Args {
     /// this mock's `/token`) to this path before the ready line.
     #[arg(long)]
     google_service_account_file: Option<std::path::PathBuf>,
+    /// The AWS access key id Bedrock's SigV4 signatures must be made with.
+    #[arg(long, default_value = BEDROCK_TEST_ACCESS_KEY_ID)]
+    aws_access_key_id: String,
+    /// Its secret access key.
+    #[arg(long, default_value = BEDROCK_TEST_SECRET_ACCESS_KEY)]
+    aws_secret_access_key: String,
+    /// A session token requests must then send as `x-amz-security-token`.
+    #[arg(long)]
+    aws_session_token: Option<String>,
+    /// The region Bedrock's signatures must be scoped to.
+    #[arg(long, default_value = BEDROCK_DEFAULT_REGION)]
+    aws_region: String,
+    /// A Bedrock API key accepted as `Authorization: Bearer`; repeat for more. None: the test key.
+    #[arg(long = "bedrock-api-key")]
+    bedrock_api_keys: Vec<String>,
 }
 
 #[tokio::main]
@@ -90,6 +110,19 @@ async fn main() -> anyhow::Result<()> {
             .entra_client_id
             .zip(args.entra_client_secret)
             .map(|(id, secret)| EntraClient::new(id, secret)),
+        bedrock: BedrockSettings {
+            credentials: AwsCredentials {
+                access_key_id: args.aws_access_key_id,
+                secret_access_key: args.aws_secret_access_key,
+                session_token: args.aws_session_token,
+            },
+            region: args.aws_region,
+            api_keys: if args.bedrock_api_keys.is_empty() {
+                vec![BEDROCK_TEST_API_KEY.to_owned()]
+            } else {
+                args.bedrock_api_keys
+            },
+        },
     };
 
     let listener = TcpListener::bind(args.listen)
