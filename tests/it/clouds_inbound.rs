@@ -26,7 +26,8 @@ const VERTEX_ID: &str = "claude-sonnet-4-5@20250929";
 /// The first upstream an Anthropic pool: an Anthropic member that takes the
 /// calls, and Bedrock and Vertex members (tried only if it cannot) whose
 /// `deployments` name the model as their clouds do.
-fn anthropic_pool(config: &mut Config, anthropic_base: String) {
+fn anthropic_pool(config: &mut Config, mock: &mock_upstream::MockProvider) {
+    let anthropic_base = mock.base_url();
     config.auth.key_hashes = vec![key_hash(GATEWAY_KEY.as_bytes())];
     let upstream = &mut config.upstreams[0];
     upstream.api = Api::Anthropic;
@@ -58,7 +59,7 @@ fn anthropic_pool(config: &mut Config, anthropic_base: String) {
     );
     vertex.provider = Some(ProviderKind::Vertex);
     vertex.api_key = None;
-    vertex.service_account = Some(Secret::new("{}".to_owned()));
+    vertex.service_account = Some(Secret::new(mock.service_account_json()));
     vertex.deployments = [(PUBLIC.to_owned(), VERTEX_ID.to_owned())].into();
     vertex.priority = 2;
     pooled(config, vec![first, bedrock, vertex], Affinity::None);
@@ -81,10 +82,8 @@ async fn a_bedrock_path_is_a_messages_request_for_the_public_model() {
     let mock = mock_upstream::MockProvider::start(mock_upstream::MockSettings::default())
         .await
         .unwrap();
-    let gateway = TestGateway::start_with(mock.clone(), |config| {
-        anthropic_pool(config, mock.base_url())
-    })
-    .await;
+    let gateway =
+        TestGateway::start_with(mock.clone(), |config| anthropic_pool(config, &mock)).await;
     let path = format!("/model/{}/invoke", BEDROCK_ID.replace(':', "%3A"));
     let reply = gateway
         .post_with(&path, &bedrock_body("hello bedrock"), &[KEY_HEADER])
@@ -182,10 +181,8 @@ async fn aws_and_anthropic_cloud_clients_are_served_and_fifty_make_one_call() {
     let mock = mock_upstream::MockProvider::start(mock_upstream::MockSettings::default())
         .await
         .unwrap();
-    let gateway = TestGateway::start_with(mock.clone(), |config| {
-        anthropic_pool(config, mock.base_url())
-    })
-    .await;
+    let gateway =
+        TestGateway::start_with(mock.clone(), |config| anthropic_pool(config, &mock)).await;
     let run = |mode: &'static str| {
         let (python, url) = (&python, gateway.url.clone());
         async move {
