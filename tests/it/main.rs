@@ -14,6 +14,7 @@ mod anthropic;
 mod anthropic_sdk;
 mod azure;
 mod bad_input;
+mod bedrock;
 mod budget_paths;
 mod budgets;
 mod cloud_secrets;
