@@ -166,4 +166,6 @@ impl Config {
 }
 
 #[cfg(test)]
+mod accounts_tests;
+#[cfg(test)]
 mod tests;
