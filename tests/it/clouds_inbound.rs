@@ -251,23 +251,30 @@ async fn aws_and_anthropic_cloud_clients_are_served_and_fifty_make_one_call() {
     assert_eq!(results["status"], 401, "{results} {stderr}");
     assert_eq!(results["error_type"], "AccessDeniedException", "{results}");
 
-    // 50 identical boto3 callers: one call.
-    let before = mock.calls();
-    mock.hold();
-    let url = gateway.url.clone();
-    let herd = tokio::spawn(async move {
-        Python::with_anthropic_clouds()
-            .await
-            .run_script_with("cloud_clients.py", &url, &["boto3_herd", GATEWAY_KEY, "50"])
-            .await
-    });
-    gateway.wait_for_waiters(50).await;
-    mock.release();
-    let (results, stderr) = herd.await.unwrap();
-    let answers = results["herd"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{stderr}"));
-    assert_eq!(answers.len(), 50);
-    assert!(answers.iter().all(|answer| *answer == answers[0]));
-    assert_eq!(mock.calls(), before + 1);
+    // 50 identical callers of each client: one call each.
+    for (mode, prompt) in [
+        ("boto3_herd", "A boto3 herd."),
+        ("bedrock_sdk_herd", "An AnthropicBedrock herd."),
+        ("vertex_sdk_herd", "An AnthropicVertex herd."),
+    ] {
+        let before = mock.calls();
+        mock.hold();
+        let url = gateway.url.clone();
+        let herd = tokio::spawn(async move {
+            Python::with_anthropic_clouds()
+                .await
+                .run_script_with("cloud_clients.py", &url, &[mode, GATEWAY_KEY, "50", prompt])
+                .await
+        });
+        gateway.wait_for_waiters(50).await;
+        mock.release();
+        let (results, stderr) = herd.await.unwrap();
+        let answers = results["herd"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{mode}: {stderr}"));
+        assert_eq!(answers.len(), 50, "{mode}");
+        assert!(answers.iter().all(|answer| *answer == answers[0]), "{mode}");
+        assert_eq!(mock.calls(), before + 1, "{mode}");
+        gateway.wait_idle().await;
+    }
 }

@@ -2,14 +2,15 @@
 SDK's `AnthropicBedrock` and `AnthropicVertex` clients and boto3's
 `bedrock-runtime`, pointed at corral; run by tests/it/clouds_inbound.rs.
 
-Usage: python3 cloud_clients.py BASE_URL MODE KEY [N]
+Usage: python3 cloud_clients.py BASE_URL MODE KEY [N [PROMPT]]
   BASE_URL  corral's `/v1` URL (the clients are given its root, or its `/v1`
             for Vertex, as their base URL)
   MODE      `bedrock_sdk`: AnthropicBedrock messages.create and messages.stream,
                            the gateway key as its Bedrock API key;
             `boto3`:       invoke_model and invoke_model_with_response_stream,
                            SigV4-signed, the gateway key as `x-api-key`;
-            `boto3_herd`:  N identical invoke_model calls at once;
+            `boto3_herd`, `bedrock_sdk_herd`, `vertex_sdk_herd`: N identical
+                           calls at once from one client;
             `vertex_sdk`:  AnthropicVertex messages.create and messages.stream,
                            the gateway key as its access token;
             `sigv4_only`:  AnthropicBedrock signing with AWS keys and nothing
@@ -113,11 +114,28 @@ def main() -> int:
                 text += event["delta"].get("text", "")
         results["stream_events"] = events
         results["stream_text"] = text
-    elif mode == "boto3_herd":
-        client = boto3_client(root, key)
+    elif mode in ("boto3_herd", "bedrock_sdk_herd", "vertex_sdk_herd"):
         n = int(sys.argv[4])
+        herd = [{"role": "user", "content": sys.argv[5]}] if len(sys.argv) > 5 else HERD_MESSAGES
+        if mode == "boto3_herd":
+            client = boto3_client(root, key)
+            call = lambda _: invoke(client, herd)  # noqa: E731
+        else:
+            from anthropic import AnthropicBedrock, AnthropicVertex
+
+            if mode == "bedrock_sdk_herd":
+                client = AnthropicBedrock(base_url=root, api_key=key, aws_region="us-east-1", max_retries=0)
+                model = BEDROCK_ID
+            else:
+                client = AnthropicVertex(
+                    base_url=f"{root}/v1", region="us-east5", project_id="corral-test", access_token=key, max_retries=0
+                )
+                model = VERTEX_ID
+            call = lambda _: client.messages.create(  # noqa: E731
+                model=model, max_tokens=64, messages=herd
+            ).content[0].text
         with ThreadPoolExecutor(max_workers=n) as pool:
-            results["herd"] = list(pool.map(lambda _: invoke(client, HERD_MESSAGES), range(n)))
+            results["herd"] = list(pool.map(call, range(n)))
     elif mode == "sigv4_only":
         import anthropic
         from anthropic import AnthropicBedrock
