@@ -63,4 +63,5 @@ mod swr;
 mod tenant_keys;
 mod traces;
 mod upstream_identity;
+mod vertex;
 mod workspace;

@@ -34,22 +34,30 @@ struct Sdk {
     from: (u32, u32),
     until: (u32, u32),
     deps: &'static str,
-    /// Other modules the scripts import from the same install (an extra's).
+    /// Other modules the scripts import from the same install (an extra's,
+    /// or one of `with`'s).
     also: &'static [&'static str],
+    /// Other pip requirements installed into the same directory, for scripts
+    /// that need two SDKs in one python.
+    with: &'static [&'static str],
 }
 
 impl Sdk {
-    /// The pip requirement for the supported versions.
-    fn requirement(&self) -> String {
+    /// The pip requirements: the package in its supported versions, and `with`.
+    fn requirements(&self) -> Vec<String> {
         let Self {
             package,
             module,
             from: (from_major, from_minor),
             until: (until_major, until_minor),
+            with,
             ..
         } = self;
         let package = package.unwrap_or(module);
-        format!("{package}>={from_major}.{from_minor},<{until_major}.{until_minor}")
+        let own = format!("{package}>={from_major}.{from_minor},<{until_major}.{until_minor}");
+        std::iter::once(own)
+            .chain(with.iter().map(|requirement| (*requirement).to_owned()))
+            .collect()
     }
 
     /// Python that exits 0 only if an importable package is a supported version.
@@ -83,6 +91,7 @@ const OPENAI: Sdk = Sdk {
     until: (4, 0),
     deps: "pydeps",
     also: &[],
+    with: &[],
 };
 
 /// The Anthropic SDK with `messages.stream` and `with_raw_response`.
@@ -93,17 +102,21 @@ const ANTHROPIC: Sdk = Sdk {
     until: (3, 0),
     deps: "pydeps-anthropic",
     also: &[],
+    with: &[],
 };
 
 /// The Anthropic SDK with its cloud clients (`AnthropicBedrock`,
-/// `AnthropicVertex`) and what they import: boto3 and google-auth.
+/// `AnthropicVertex`) and what they import: boto3 and google-auth; with
+/// `google-genai` beside it, as the mock's Vertex SDK check drives both
+/// Vertex clients from one python.
 const ANTHROPIC_CLOUDS: Sdk = Sdk {
     package: Some("anthropic[bedrock,vertex]"),
     module: "anthropic",
     from: (0, 40),
     until: (3, 0),
     deps: "pydeps-anthropic-clouds",
-    also: &["boto3", "botocore", "google.auth"],
+    also: &["boto3", "botocore", "google.auth", "google.genai"],
+    with: &["google-genai>=1.0,<4.0"],
 };
 
 /// Google's `google-genai` (`genai.Client`, `types.HttpOptions`, `errors.APIError`).
@@ -114,6 +127,7 @@ const GOOGLE_GENAI: Sdk = Sdk {
     until: (4, 0),
     deps: "pydeps-google-genai",
     also: &[],
+    with: &[],
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,11 +441,12 @@ impl Python {
         if deps.is_dir() && installed.imports(sdk).await {
             return installed;
         }
-        pip_install(&sdk.requirement(), &deps).await;
+        let requirements = sdk.requirements();
+        pip_install_all(&requirements, &deps).await;
         assert!(
             installed.imports(sdk).await,
             "installed {} into {} but python3 cannot import it",
-            sdk.requirement(),
+            requirements.join(" "),
             deps.display()
         );
         installed
@@ -521,6 +536,12 @@ impl Python {
 /// already present in its target, so a run killed mid-install must not leave a
 /// half-filled `deps` that later runs would keep failing on.
 pub(crate) async fn pip_install(requirement: &str, deps: &Path) {
+    pip_install_all(&[requirement.to_owned()], deps).await;
+}
+
+/// As [`pip_install`], for several requirements resolved together.
+async fn pip_install_all(requirements: &[String], deps: &Path) {
+    let requirement = requirements.join(" ");
     let staging = deps.with_extension(format!("partial-{}", std::process::id()));
     remove_dir(&staging);
     let mut command = Command::new("python3");
@@ -535,7 +556,7 @@ pub(crate) async fn pip_install(requirement: &str, deps: &Path) {
             "--target",
         ])
         .arg(&staging)
-        .arg(requirement);
+        .args(requirements);
     let output = run(command, INSTALL_TIMEOUT, "pip install").await;
     assert!(
         output.status.success(),

@@ -42,7 +42,7 @@
 //! /v1/projects/{project}/locations/{location}/publishers/{publisher}/models/{model}:{method}`
 //! (also under `/v1beta1/`): publisher `anthropic` with `rawPredict` (a Messages answer) and
 //! `streamRawPredict` (Anthropic's SSE), the body a Messages body without `model` and with
-//! `"anthropic_version": "vertex-2023-10-16"` ([`VERTEX_ANTHROPIC_VERSION`]); publisher `google`
+//! `"anthropic_version": "vertex-2023-10-16"` (one of [`VERTEX_ANTHROPIC_VERSIONS`]); publisher `google`
 //! with `generateContent`, `streamGenerateContent` and `countTokens`, as the Gemini surface
 //! answers them. The answers name the path's model; they are billed and steered like any call,
 //! injected failures in Google's shape. Every Vertex path wants `Authorization: Bearer` with an
@@ -103,7 +103,7 @@ pub use entra::EntraClient;
 pub use google_token::{
     CLOUD_PLATFORM_SCOPE, SERVICE_ACCOUNT_EMAIL, SERVICE_ACCOUNT_PROJECT, service_account_json,
 };
-pub use vertex::VERTEX_ANTHROPIC_VERSION;
+pub use vertex::{VERTEX_ANTHROPIC_VERSION, VERTEX_ANTHROPIC_VERSIONS};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};

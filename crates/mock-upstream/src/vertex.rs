@@ -10,7 +10,8 @@
 //! not calls. Past it, a call is billed like any other (`http.rs`).
 //!
 //! Claude on Vertex takes the Messages body without `model` (the path names it) and with
-//! `"anthropic_version": "vertex-2023-10-16"` in the body instead of the header; Vertex itself
+//! `"anthropic_version"` in the body instead of the header (`vertex-2023-10-16`, or the API
+//! version the `anthropic` SDK's 2.x `AnthropicVertex` sends there); Vertex itself
 //! refuses a body that breaks those rules, or a `streamRawPredict` without `"stream": true`, in
 //! Google's error shape. The rest is Anthropic's: the answer, its SSE stream and the Messages
 //! validation errors are exactly the Anthropic surface's, as Vertex passes the partner's answer
@@ -25,8 +26,13 @@ use serde_json::{Value, json};
 use super::openai::{Answer, InvalidRequest};
 use super::{Shared, anthropic, gemini};
 
-/// The `anthropic_version` Claude on Vertex requires in the body.
+/// The `anthropic_version` Vertex documents for Claude's body.
 pub const VERTEX_ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
+/// Every `anthropic_version` Claude on Vertex accepts: its own, and the API version the
+/// `anthropic` SDK's `AnthropicVertex` sends since its 2.0 (the SDK's `ANTHROPIC_API_VERSION`),
+/// as Bedrock's surface does. Any other value, Anthropic's older `2023-06-01` included, is
+/// refused.
+pub const VERTEX_ANTHROPIC_VERSIONS: [&str; 2] = [VERTEX_ANTHROPIC_VERSION, "2026-10-21"];
 
 /// The `anthropic-version` header the Messages logic expects; Vertex callers send the version in
 /// the body instead.
@@ -177,10 +183,11 @@ fn claude(
         ));
     }
     match request.remove("anthropic_version") {
-        Some(Value::String(version)) if version == VERTEX_ANTHROPIC_VERSION => {}
+        Some(Value::String(version)) if VERTEX_ANTHROPIC_VERSIONS.contains(&version.as_str()) => {}
         Some(other) => {
             return Ok(invalid_argument(&format!(
-                "anthropic_version: Input should be '{VERTEX_ANTHROPIC_VERSION}', got {other}"
+                "anthropic_version: Input should be '{}', got {other}",
+                VERTEX_ANTHROPIC_VERSIONS.join("' or '")
             )));
         }
         None => return Ok(invalid_argument("anthropic_version: Field required")),

@@ -309,6 +309,19 @@ async fn vertex_refuses_a_body_that_breaks_its_rules_in_googles_shape() {
 }
 
 #[tokio::test]
+async fn claude_takes_the_version_the_anthropic_sdks_vertex_client_sends() {
+    let mock = start().await;
+    for version in crate::VERTEX_ANTHROPIC_VERSIONS {
+        let mut body = claude_body("hi");
+        body["anthropic_version"] = json!(version);
+        let (status, answer) = post_json(&mock, &claude_path("rawPredict"), &body).await;
+        assert_eq!(status, 200, "{version}: {answer}");
+        assert_eq!(answer["model"], CLAUDE, "{version}");
+    }
+    assert!(crate::VERTEX_ANTHROPIC_VERSIONS.contains(&"2026-10-21"));
+}
+
+#[tokio::test]
 async fn gemini_on_vertex_answers_as_gemini_under_both_versions() {
     let mock = start().await;
     for version in ["v1", "v1beta1"] {

@@ -7,10 +7,10 @@ ignored); SERVICE_ACCOUNT_JSON is the key file it wrote with `--google-service-a
 Exits non-zero with a traceback on the first mismatch, and prints "N passed, 0 failed" when
 every check passed.
 
-Tested with (pip): anthropic[vertex]==0.121.0 google-genai==3.6.1 (google-auth==2.63.1 comes
-with them). anthropic 0.121.0 is the release whose Vertex client sends
-`"anthropic_version": "vertex-2023-10-16"`; the 2.x releases on the index (2.17.0) send their
-Messages API version ("2026-10-21") there instead, which the mock refuses as any other version.
+Tested with (pip): anthropic[vertex]==2.17.0 google-genai==3.6.1 (google-auth==2.63.1 comes
+with them), and with anthropic[vertex]==0.121.0. The 0.x Vertex client sends
+`"anthropic_version": "vertex-2023-10-16"`; the 2.x releases send their Messages API version
+("2026-10-21") there instead, and the mock accepts both (`VERTEX_ANTHROPIC_VERSIONS`).
 
 What it proves: `google.oauth2.service_account.Credentials` reads the mock's key file and trades
 its signed assertion for a token at the mock's `/token`; `anthropic.AnthropicVertex` sends
