@@ -8,25 +8,18 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use reqwest::{StatusCode, Url};
+use reqwest::Url;
 use serde::Deserialize;
 
-use super::token::{Grant, Issued, TokenError};
+pub use super::oauth::MAX_ANSWER_BYTES;
+use super::{
+    oauth::{bearer_only, read_bounded, refusal_reason, transport_error},
+    token::{Grant, Issued, TokenError},
+};
 use crate::config::Secret;
 
 /// The scope of a token for Azure OpenAI (Cognitive Services) deployments.
 pub const COGNITIVE_SERVICES_SCOPE: &str = "https://cognitiveservices.azure.com/.default";
-
-/// The most of a token endpoint's answer that is read: a token answer is a
-/// few kilobytes, and a misbehaving endpoint must not fill our memory.
-pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
-
-/// The most of Entra's `error_description` kept in a [`TokenError::Refused`]:
-/// enough for the `AADSTS` code and its sentence, not a page of trace ids.
-const MAX_DESCRIPTION_CHARS: usize = 200;
-
-/// The most of Entra's `error` code kept: the codes are short words.
-const MAX_CODE_CHARS: usize = 64;
 
 /// An app registration's client credentials for one tenant.
 #[derive(Debug)]
@@ -124,14 +117,7 @@ impl Grant for EntraGrant {
                 error.column()
             ))
         })?;
-        if let Some(kind) = &answer.token_type
-            && !kind.eq_ignore_ascii_case("bearer")
-        {
-            return Err(TokenError::Malformed(format!(
-                "a {:?} token, not a bearer token",
-                clip(kind, MAX_CODE_CHARS)
-            )));
-        }
+        bearer_only(answer.token_type.as_deref())?;
         Ok(Issued {
             token: Secret::new(answer.access_token),
             lifetime: answer.expires_in.lifetime()?,
@@ -188,74 +174,6 @@ impl Seconds {
     }
 }
 
-fn transport_error(error: reqwest::Error) -> TokenError {
-    if error.is_timeout() {
-        TokenError::Timeout
-    } else {
-        // Without the URL: it names nothing secret, but the error stays short.
-        TokenError::Unreachable(error.without_url().to_string())
-    }
-}
-
-/// The answer's body, at most [`MAX_ANSWER_BYTES`]; a longer one is refused
-/// as soon as it shows itself, without reading the rest.
-async fn read_bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, TokenError> {
-    let too_large = TokenError::TooLarge {
-        limit: MAX_ANSWER_BYTES,
-    };
-    if response
-        .content_length()
-        .is_some_and(|length| length > MAX_ANSWER_BYTES as u64)
-    {
-        return Err(too_large);
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(too_large);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
-/// Entra's error code and the start of its description, or the status's own
-/// words when the body is not Entra's error JSON.
-fn refusal_reason(status: StatusCode, body: &[u8]) -> String {
-    #[derive(Deserialize)]
-    struct Refusal {
-        error: String,
-        error_description: Option<String>,
-    }
-    match serde_json::from_slice::<Refusal>(body) {
-        Ok(refusal) => {
-            let code = clip(&refusal.error, MAX_CODE_CHARS);
-            match refusal.error_description {
-                Some(description) if !description.trim().is_empty() => {
-                    format!("{code}: {}", clip(&description, MAX_DESCRIPTION_CHARS))
-                }
-                _ => code,
-            }
-        }
-        Err(_) => status
-            .canonical_reason()
-            .unwrap_or("no reason given")
-            .to_owned(),
-    }
-}
-
-/// At most `max` characters of `text` on one line (Entra's descriptions carry
-/// `\r\n` before their trace ids), with an ellipsis when cut.
-fn clip(text: &str, max: usize) -> String {
-    let one_line = |c: char| if c.is_control() { ' ' } else { c };
-    let text = text.trim();
-    let mut clipped: String = text.chars().take(max).map(one_line).collect();
-    if text.chars().nth(max).is_some() {
-        clipped.push('…');
-    }
-    clipped
-}
-
 #[cfg(test)]
 mod tests {
     use std::{
@@ -276,6 +194,7 @@ mod tests {
 
     use super::*;
     use crate::provider::token::TokenCache;
+    use reqwest::StatusCode;
 
     const SECRET: &str = "s3cr&t=+/ é%";
 

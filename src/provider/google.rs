@@ -10,9 +10,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use reqwest::{StatusCode, Url};
+use reqwest::Url;
 use rsa::{
     RsaPrivateKey,
     pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey},
@@ -22,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{
-    entra::MAX_ANSWER_BYTES,
+    oauth::{bearer_only, read_bounded, refusal_reason, transport_error},
     token::{Grant, Issued, TokenError},
 };
 use crate::config::Secret;
@@ -36,12 +35,6 @@ pub const ASSERTION_LIFETIME: Duration = Duration::from_secs(3600);
 
 /// The grant type of RFC 7523's JWT bearer assertion.
 const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
-
-/// The most of Google's `error_description` kept in a [`TokenError::Refused`].
-const MAX_DESCRIPTION_CHARS: usize = 200;
-
-/// The most of Google's `error` code kept: the codes are short words.
-const MAX_CODE_CHARS: usize = 64;
 
 /// Why a service account's key cannot be used. No variant carries any of the
 /// key's text: only which field is wrong and how.
@@ -234,7 +227,7 @@ impl Grant for ServiceAccountGrant {
             ("grant_type", JWT_BEARER_GRANT),
             ("assertion", assertion.as_str()),
         ];
-        let response = self
+        let mut response = self
             .client
             .post(self.token_uri.clone())
             .header(http::header::ACCEPT, "application/json")
@@ -243,7 +236,7 @@ impl Grant for ServiceAccountGrant {
             .await
             .map_err(transport_error)?;
         let status = response.status();
-        let body = read_bounded(response).await?;
+        let body = read_bounded(&mut response).await?;
         if !status.is_success() {
             return Err(TokenError::Refused {
                 status,
@@ -258,14 +251,7 @@ impl Grant for ServiceAccountGrant {
                 error.column()
             ))
         })?;
-        if let Some(kind) = &answer.token_type
-            && !kind.eq_ignore_ascii_case("bearer")
-        {
-            return Err(TokenError::Malformed(format!(
-                "a {:?} token, not a bearer token",
-                clip(kind, MAX_CODE_CHARS)
-            )));
-        }
+        bearer_only(answer.token_type.as_deref())?;
         Ok(Issued {
             token: Secret::new(answer.access_token),
             lifetime: Duration::from_secs(answer.expires_in),
@@ -279,76 +265,6 @@ struct TokenAnswer {
     access_token: String,
     expires_in: u64,
     token_type: Option<String>,
-}
-
-fn transport_error(error: reqwest::Error) -> TokenError {
-    if error.is_timeout() {
-        TokenError::Timeout
-    } else {
-        // Without the URL: it names nothing secret, but the error stays short.
-        TokenError::Unreachable(error.without_url().to_string())
-    }
-}
-
-/// The answer's body, at most [`MAX_ANSWER_BYTES`]; a longer one is refused
-/// as soon as it shows itself, without reading the rest.
-async fn read_bounded(response: reqwest::Response) -> Result<bytes::Bytes, TokenError> {
-    let too_large = TokenError::TooLarge {
-        limit: MAX_ANSWER_BYTES,
-    };
-    if response
-        .content_length()
-        .is_some_and(|length| length > MAX_ANSWER_BYTES as u64)
-    {
-        return Err(too_large);
-    }
-    match Limited::new(reqwest::Body::from(response), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(too_large),
-        Err(error) => match error.downcast::<reqwest::Error>() {
-            Ok(error) => Err(transport_error(*error)),
-            Err(error) => Err(TokenError::Unreachable(error.to_string())),
-        },
-    }
-}
-
-/// Google's OAuth error code and the start of its description, or the
-/// status's own words when the body is not an OAuth error.
-fn refusal_reason(status: StatusCode, body: &[u8]) -> String {
-    #[derive(Deserialize)]
-    struct Refusal {
-        error: String,
-        error_description: Option<String>,
-    }
-    match serde_json::from_slice::<Refusal>(body) {
-        Ok(refusal) => {
-            let code = clip(&refusal.error, MAX_CODE_CHARS);
-            match refusal.error_description {
-                Some(description) if !description.trim().is_empty() => {
-                    format!("{code}: {}", clip(&description, MAX_DESCRIPTION_CHARS))
-                }
-                _ => code,
-            }
-        }
-        Err(_) => status
-            .canonical_reason()
-            .unwrap_or("no reason given")
-            .to_owned(),
-    }
-}
-
-/// At most `max` characters of `text` on one line, with an ellipsis when cut.
-fn clip(text: &str, max: usize) -> String {
-    let one_line = |c: char| if c.is_control() { ' ' } else { c };
-    let text = text.trim();
-    let mut clipped: String = text.chars().take(max).map(one_line).collect();
-    if text.chars().nth(max).is_some() {
-        clipped.push('…');
-    }
-    clipped
 }
 
 #[cfg(test)]

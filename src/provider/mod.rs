@@ -13,6 +13,7 @@ pub mod entra;
 mod eventstream;
 mod gemini;
 pub mod google;
+mod oauth;
 mod openai;
 pub mod token;
 mod vertex;

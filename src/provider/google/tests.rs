@@ -8,6 +8,7 @@ use std::{
     sync::{Arc, LazyLock, Mutex},
 };
 
+use crate::provider::oauth::MAX_ANSWER_BYTES;
 use axum::{
     Form, Router,
     body::Body,
