@@ -16,6 +16,7 @@ mod azure;
 mod bad_input;
 mod budget_paths;
 mod budgets;
+mod claude_clouds;
 mod clouds_inbound;
 mod cluster;
 mod codex_websocket;
