@@ -29,17 +29,17 @@ use tap::{Exchange, Tap};
 
 /// One client run against loopback: seconds when healthy; generous for a loaded machine, and
 /// finite, so a client stuck on something it cannot reach fails the test.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Concurrent `codex exec` runs of one task.
 const CODEX_RUNS: usize = 5;
 
 /// What Claude Code is asked; the mock answers any task with text, so the run is one turn.
-const CLAUDE_TASK: &str = "Say hello in one short sentence.";
+pub(crate) const CLAUDE_TASK: &str = "Say hello in one short sentence.";
 
 /// Claude Code without telemetry, error reports, update checks, feature-flag fetches or other
 /// nonessential traffic: the requests left are the ones its users' tasks make.
-const CLAUDE_QUIET: [(&str, &str); 7] = [
+pub(crate) const CLAUDE_QUIET: [(&str, &str); 7] = [
     ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
     ("DISABLE_AUTOUPDATER", "1"),
     ("DISABLE_UPDATES", "1"),
@@ -51,14 +51,14 @@ const CLAUDE_QUIET: [(&str, &str); 7] = [
 
 /// A test's own directories: HOME (and every client config dir under it) and a working
 /// directory, both removed with the test.
-struct Scratch {
+pub(crate) struct Scratch {
     _dir: TempDir,
-    home: PathBuf,
-    work: PathBuf,
+    pub(crate) home: PathBuf,
+    pub(crate) work: PathBuf,
 }
 
 impl Scratch {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let home = dir.path().join("home");
         let work = dir.path().join("work");
@@ -74,7 +74,7 @@ impl Scratch {
 }
 
 /// Whether corral answered the request with a success.
-fn is_2xx(exchange: &Exchange) -> bool {
+pub(crate) fn is_2xx(exchange: &Exchange) -> bool {
     (200..300).contains(&exchange.status)
 }
 
@@ -112,7 +112,7 @@ pub(crate) fn assert_run_answered(
 
 /// The fields in which each body differs from the first, by JSON path, with the values of the
 /// first pair that differs there: what a keying change has to look at.
-fn differing_fields(bodies: &[Value]) -> String {
+pub(crate) fn differing_fields(bodies: &[Value]) -> String {
     let mut paths = BTreeSet::new();
     let mut examples = Vec::new();
     for body in bodies.iter().skip(1) {
@@ -332,7 +332,7 @@ fn codex_exec(
 }
 
 /// The shape of what a client sent, for the test log: path, model, stream, betas.
-fn describe(exchanges: &[Exchange]) -> String {
+pub(crate) fn describe(exchanges: &[Exchange]) -> String {
     let lines: Vec<String> = exchanges
         .iter()
         .map(|exchange| {

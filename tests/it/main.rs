@@ -17,6 +17,7 @@ mod bad_input;
 mod bedrock;
 mod budget_paths;
 mod budgets;
+mod claude_clouds;
 mod cloud_secrets;
 mod clouds_inbound;
 mod cluster;
