@@ -27,6 +27,10 @@ pub fn router(state: Arc<AppState>) -> pipeline::Pipeline<Router> {
     let routes = Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        // Bedrock's control plane, which Claude Code's Bedrock mode asks
+        // before its first call (`ListInferenceProfiles`, without the
+        // caller's headers): corral has no profiles of its own to list.
+        .route("/inference-profiles", get(no_inference_profiles))
         // The reports and the admin API: behind an admin key when any is set.
         .merge(admin::protect(
             Router::new()
@@ -41,4 +45,10 @@ pub fn router(state: Arc<AppState>) -> pipeline::Pipeline<Router> {
     // Outermost, before routing: every response, errors and fallbacks
     // included, is counted and gets the request id; admission runs inside it.
     pipeline::PipelineLayer::new(state).layer(routes)
+}
+
+/// Bedrock's `ListInferenceProfiles`, answered with none: the model ids a
+/// pool's `deployments` name are what corral serves, whatever profile.
+async fn no_inference_profiles() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"inferenceProfileSummaries": []}))
 }
