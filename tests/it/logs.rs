@@ -115,6 +115,71 @@ impl Corral {
     }
 }
 
+/// Everything a corral shows outside itself: its reports, what it keeps in
+/// Redis, and (once stopped) its logs.
+pub(crate) struct Exposed {
+    pub(crate) metrics: String,
+    pub(crate) stats: String,
+    pub(crate) logs: String,
+    stored: Vec<u8>,
+}
+
+impl Corral {
+    /// Reads `/metrics`, `/stats` and a dump of `redis`, then stops the
+    /// process for its logs.
+    pub(crate) async fn exposed(self, redis: &crate::redis_server::RedisServer) -> Exposed {
+        let client = reqwest::Client::new();
+        let mut reports = Vec::new();
+        for path in ["/metrics", "/stats"] {
+            let reply = client
+                .get(format!("{}{path}", self.url))
+                .timeout(WAIT)
+                .send()
+                .await
+                .expect("the report answers");
+            reports.push(reply.text().await.expect("the report reads"));
+        }
+        let stored = redis
+            .dump()
+            .await
+            .into_iter()
+            .flat_map(|(key, value)| key.into_bytes().into_iter().chain(value))
+            .collect();
+        let logs = self.logs().await;
+        let stats = reports.pop().unwrap_or_default();
+        let metrics = reports.pop().unwrap_or_default();
+        Exposed {
+            metrics,
+            stats,
+            logs,
+            stored,
+        }
+    }
+}
+
+impl Exposed {
+    /// None of `secrets` in the logs, the reports or Redis.
+    pub(crate) fn assert_holds_none(&self, secrets: &[String]) {
+        assert!(self.logs.contains("DEBUG"), "debug logs were on");
+        for secret in secrets {
+            for (place, text) in [
+                ("logs", &self.logs),
+                ("/metrics", &self.metrics),
+                ("/stats", &self.stats),
+            ] {
+                assert!(!text.contains(secret.as_str()), "a secret in {place}");
+            }
+            assert!(
+                !self
+                    .stored
+                    .windows(secret.len())
+                    .any(|window| window == secret.as_bytes()),
+                "a secret in Redis"
+            );
+        }
+    }
+}
+
 fn command(config: &Path, provider: &MockProvider, env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
     command
