@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 pub use super::oauth::MAX_ANSWER_BYTES;
 use super::{
-    oauth::{bearer_only, read_bounded, refusal_reason, transport_error},
+    oauth::{bearer_only, post_form},
     token::{Grant, Issued, TokenError},
 };
 use crate::config::Secret;
@@ -93,30 +93,7 @@ impl Grant for EntraGrant {
             ("client_secret", self.client_secret.expose().as_str()),
             ("scope", self.scope.as_str()),
         ];
-        let mut response = self
-            .client
-            .post(self.token_url.clone())
-            .header(http::header::ACCEPT, "application/json")
-            .form(&form)
-            .send()
-            .await
-            .map_err(transport_error)?;
-        let status = response.status();
-        let body = read_bounded(&mut response).await?;
-        if !status.is_success() {
-            return Err(TokenError::Refused {
-                status,
-                reason: refusal_reason(status, &body),
-            });
-        }
-        let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|error| {
-            // serde's own text may quote a value from the answer; only where it failed is kept.
-            TokenError::Malformed(format!(
-                "not a token answer (line {}, column {})",
-                error.line(),
-                error.column()
-            ))
-        })?;
+        let answer: TokenAnswer = post_form(&self.client, self.token_url.clone(), &form).await?;
         bearer_only(answer.token_type.as_deref())?;
         Ok(Issued {
             token: Secret::new(answer.access_token),

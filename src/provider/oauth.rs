@@ -3,8 +3,8 @@
 //! URL, and a refusal (RFC 6749 `error`, `error_description`) named in a
 //! short line that quotes nothing else of the answer.
 
-use reqwest::StatusCode;
-use serde::Deserialize;
+use reqwest::{StatusCode, Url};
+use serde::{Deserialize, de::DeserializeOwned};
 
 use super::token::TokenError;
 
@@ -18,6 +18,40 @@ const MAX_DESCRIPTION_CHARS: usize = 200;
 /// Characters of an endpoint's `error` code kept in an error.
 const MAX_CODE_CHARS: usize = 64;
 
+/// Posts `form` to the token endpoint at `url` and reads its answer as `T`:
+/// a 2xx body within [`MAX_ANSWER_BYTES`], a refusal as `Refused` with the
+/// endpoint's own code, an answer that is no `T` as `Malformed` without a
+/// word of it.
+pub(super) async fn post_form<T: DeserializeOwned>(
+    client: &reqwest::Client,
+    url: Url,
+    form: &[(&str, &str)],
+) -> Result<T, TokenError> {
+    let mut response = client
+        .post(url)
+        .header(http::header::ACCEPT, "application/json")
+        .form(form)
+        .send()
+        .await
+        .map_err(transport_error)?;
+    let status = response.status();
+    let body = read_bounded(&mut response).await?;
+    if !status.is_success() {
+        return Err(TokenError::Refused {
+            status,
+            reason: refusal_reason(status, &body),
+        });
+    }
+    serde_json::from_slice(&body).map_err(|error| {
+        // serde's own text may quote a value from the answer; only where it failed is kept.
+        TokenError::Malformed(format!(
+            "not a token answer (line {}, column {})",
+            error.line(),
+            error.column()
+        ))
+    })
+}
+
 pub(super) fn transport_error(error: reqwest::Error) -> TokenError {
     if error.is_timeout() {
         TokenError::Timeout
@@ -29,7 +63,7 @@ pub(super) fn transport_error(error: reqwest::Error) -> TokenError {
 
 /// The answer's body, at most [`MAX_ANSWER_BYTES`]; a longer one is refused
 /// as soon as it shows itself, without reading the rest.
-pub(super) async fn read_bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, TokenError> {
+async fn read_bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, TokenError> {
     let too_large = TokenError::TooLarge {
         limit: MAX_ANSWER_BYTES,
     };
@@ -51,7 +85,7 @@ pub(super) async fn read_bounded(response: &mut reqwest::Response) -> Result<Vec
 
 /// The endpoint's error code and the start of its description, or the status's own
 /// words when the body is not Entra's error JSON.
-pub(super) fn refusal_reason(status: StatusCode, body: &[u8]) -> String {
+fn refusal_reason(status: StatusCode, body: &[u8]) -> String {
     #[derive(Deserialize)]
     struct Refusal {
         error: String,

@@ -192,55 +192,19 @@ async fn aws_and_anthropic_cloud_clients_are_served_and_fifty_make_one_call() {
         }
     };
 
-    let (results, stderr) = run("bedrock_sdk").await;
-    let context = format!("results: {results}\nstderr: {stderr}");
-    assert!(
-        !results["text"].as_str().unwrap_or_default().is_empty(),
-        "{context}"
-    );
-    assert!(
-        !results["stream_text"]
-            .as_str()
-            .unwrap_or_default()
-            .is_empty(),
-        "{context}"
-    );
-    assert_eq!(
-        results["stream_events"]
-            .as_array()
-            .and_then(|e| e.last())
-            .cloned(),
-        Some(json!("message_stop")),
-        "{context}"
-    );
-
-    let (results, stderr) = run("boto3").await;
-    let context = format!("results: {results}\nstderr: {stderr}");
-    assert!(
-        !results["text"].as_str().unwrap_or_default().is_empty(),
-        "{context}"
-    );
-    assert!(
-        !results["stream_text"]
-            .as_str()
-            .unwrap_or_default()
-            .is_empty(),
-        "{context}"
-    );
-
-    let (results, stderr) = run("vertex_sdk").await;
-    let context = format!("results: {results}\nstderr: {stderr}");
-    assert!(
-        !results["text"].as_str().unwrap_or_default().is_empty(),
-        "{context}"
-    );
-    assert!(
-        !results["stream_text"]
-            .as_str()
-            .unwrap_or_default()
-            .is_empty(),
-        "{context}"
-    );
+    for mode in ["bedrock_sdk", "boto3", "vertex_sdk"] {
+        let (results, stderr) = run(mode).await;
+        let context = format!("{mode}: {results}\nstderr: {stderr}");
+        for field in ["text", "stream_text"] {
+            assert!(
+                !results[field].as_str().unwrap_or_default().is_empty(),
+                "{field}; {context}"
+            );
+        }
+        if let Some(events) = results["stream_events"].as_array() {
+            assert_eq!(events.last(), Some(&json!("message_stop")), "{context}");
+        }
+    }
     for request in mock.requests() {
         assert_eq!(request.path, "/v1/messages");
         assert_eq!(request.json().unwrap()["model"], PUBLIC);
