@@ -35,7 +35,11 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
     /// The bytes to answer with (as `application/json`).
-    #[arg(long, required_unless_present = "proxy_to", conflicts_with = "proxy_to")]
+    #[arg(
+        long,
+        required_unless_present = "proxy_to",
+        conflicts_with = "proxy_to"
+    )]
     body_file: Option<PathBuf>,
     /// A header to send on every response, as `name: value` (repeatable).
     #[arg(long = "header", value_parser = parse_header, conflicts_with = "proxy_to")]
@@ -153,7 +157,8 @@ async fn main() -> anyhow::Result<()> {
         let _ = stream.set_nodelay(true);
         let mode = mode.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| mode.clone().answer(request));
+            let service =
+                service_fn(move |request: Request<Incoming>| mode.clone().answer(request));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
