@@ -68,7 +68,7 @@ enum Mode {
         headers: header::HeaderMap,
     },
     Proxy {
-        client: Client<HttpConnector, Full<Bytes>>,
+        client: Box<Client<HttpConnector, Full<Bytes>>>,
         origin: Uri,
     },
 }
@@ -121,11 +121,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mode = match (args.proxy_to, args.body_file) {
         (Some(origin), _) => Mode::Proxy {
-            client: Client::builder(TokioExecutor::new()).build({
+            client: Box::new(Client::builder(TokioExecutor::new()).build({
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
                 connector
-            }),
+            })),
             origin,
         },
         (None, Some(path)) => Mode::Fixed {
