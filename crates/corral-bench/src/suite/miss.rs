@@ -354,10 +354,12 @@ impl Bench {
         targets: &[Target; 2],
         stream: bool,
     ) -> anyhow::Result<()> {
-        let (kind, requests) = if stream {
-            ("streamed first event", self.scaled(1000, 20))
+        // The mock paces a stream's chunks (a third of a second a stream),
+        // so streams are fewer; the first event is what is measured.
+        let (kind, requests, warmup) = if stream {
+            ("streamed first event", self.scaled(60, 10), 2)
         } else {
-            ("latency", self.scaled(2000, 50))
+            ("latency", self.scaled(2000, 50), 20)
         };
         let direct = Target {
             name: "direct",
@@ -373,7 +375,7 @@ impl Bench {
             );
             scenario.stream = stream;
             scenario.concurrency = 1;
-            scenario.warmup = 20;
+            scenario.warmup = warmup;
             scenario.stop = Stop::Requests(requests);
             scenario.scrape_metrics = false;
             let report: LoadReport = self.run(&scenario).await?;
