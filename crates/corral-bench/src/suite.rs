@@ -38,6 +38,7 @@ use super::{
 };
 
 mod memory;
+mod miss;
 
 /// Every scenario, in the order the suite runs them.
 pub const SCENARIOS: [&str; 11] = [
@@ -804,6 +805,7 @@ impl Bench {
                         threads,
                         connections,
                         duration,
+                        unique_after: None,
                     },
                     &self.logs,
                 )
@@ -925,59 +927,6 @@ impl Bench {
     async fn hit_count(&self, base: &str) -> Option<f64> {
         let scrape = probe::scrape(&self.probe, &probe::origin_of(base)).await?;
         Some(scrape.sum("corral_requests_total", &[("cache", "HIT")]))
-    }
-
-    /// Miss path: distinct requests at a moderate fixed rate, mock latency 0,
-    /// through corral and straight to the mock.
-    async fn miss(&mut self) -> anyhow::Result<ScenarioResult> {
-        let mut result = ScenarioResult::new("miss");
-        self.set_latency(Duration::ZERO).await?;
-        let nonce = format!("miss-{:08x}", rand::random::<u32>());
-        let rate = self.scaled(1000, 200) as f64;
-        let miss_scenario = |name: &str, base: String, pid: Option<u32>| {
-            let mut scenario = self.scenario(name, vec![base]);
-            scenario.nonce = nonce.clone();
-            scenario.mix = Mix::Distinct;
-            scenario.concurrency = 32;
-            scenario.rate = Some(rate);
-            scenario.stop = Stop::Duration(self.seconds(5, 1));
-            scenario.watch_pid = pid;
-            scenario
-        };
-        let direct = self
-            .run(&miss_scenario(
-                "miss: direct to the mock",
-                self.mock.ready.clone(),
-                self.mock.pid(),
-            ))
-            .await?;
-        let via = self
-            .run(&miss_scenario(
-                "miss: through corral",
-                self.corral_base(),
-                self.corral.pid(),
-            ))
-            .await?;
-        let (Some(d), Some(v)) = (&direct.latency, &via.latency) else {
-            bail!("a miss-path run had no successful response");
-        };
-        let added_p99 = v.p99_ms - d.p99_ms;
-        result.target("added p99", added_p99, "ms", "<= 1 ms", added_p99 <= 1.0);
-        result.figure("added p50", v.p50_ms - d.p50_ms, "ms");
-        result.figure("p50 / direct p50", v.p50_ms / d.p50_ms, "ratio");
-        result.figure("p99 / direct p99", v.p99_ms / d.p99_ms, "ratio");
-        if let Some(calls) = via.upstream_calls {
-            result.figure(
-                "upstream calls per request",
-                calls as f64 / via.ok.max(1) as f64,
-                "ratio",
-            );
-        }
-        if let Some(server) = &via.server {
-            result.figure("corral CPU per request", server.cpu_us_per_request, "µs");
-        }
-        result.runs = vec![direct, via];
-        Ok(result)
     }
 
     /// N concurrent identical requests on a cold key, the upstream slow

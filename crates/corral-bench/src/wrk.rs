@@ -10,6 +10,11 @@
 //! and a `done` hook prints one machine-readable line with the totals and the
 //! latency percentiles in microseconds, so nothing depends on wrk's
 //! human-oriented output format.
+//!
+//! For the miss path every body must be new to corral's cache: with
+//! [`WrkRun::unique_after`], a `request` hook makes each body unique by
+//! writing a per-run salt, the thread's number and a counter right after a
+//! marker the body carries.
 
 use std::{path::Path, process::Stdio, time::Duration};
 
@@ -41,6 +46,9 @@ pub struct WrkRun<'a> {
     pub threads: usize,
     pub connections: usize,
     pub duration: Duration,
+    /// Make every body unique: text inserted after the first occurrence of
+    /// this marker (which the body must contain, inside a JSON string).
+    pub unique_after: Option<&'a str>,
 }
 
 /// Whether a `wrk` executable is on `PATH`.
@@ -56,8 +64,8 @@ pub async fn available() -> bool {
 }
 
 /// The Lua script: POST the file's bytes as JSON, report in one line.
-fn script(body_file: &Path) -> String {
-    format!(
+fn script(body_file: &Path, unique_after: Option<&str>) -> String {
+    let mut script = format!(
         r#"local f = assert(io.open({path:?}, "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")
@@ -72,13 +80,37 @@ done = function(summary, latency, requests)
 end
 "#,
         path = body_file.display().to_string()
-    )
+    );
+    if let Some(marker) = unique_after {
+        // Each thread runs its own copy of the script; `setup` numbers them
+        // (a global set in the thread's state), the salt tells runs apart.
+        let salt = format!("{:016x}", rand::random::<u64>());
+        script.push_str(&format!(
+            r#"local marker = {marker:?}
+local at = assert(string.find(wrk.body, marker, 1, true), "the body lacks the marker")
+local head = string.sub(wrk.body, 1, at + #marker - 1)
+local tail = string.sub(wrk.body, at + #marker)
+local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("thread_number", threads)
+end
+local counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil,
+    head .. "-{salt}-" .. (thread_number or 0) .. "-" .. counter .. tail)
+end
+"#
+        ));
+    }
+    script
 }
 
 /// Runs wrk once and parses its result line.
 pub async fn run(run: &WrkRun<'_>, scratch: &Path) -> anyhow::Result<WrkReport> {
     let script_path = scratch.join("wrk-post.lua");
-    std::fs::write(&script_path, script(run.body_file))
+    std::fs::write(&script_path, script(run.body_file, run.unique_after))
         .with_context(|| format!("writing {}", script_path.display()))?;
     let output = tokio::time::timeout(
         run.duration + Duration::from_secs(30),
@@ -176,6 +208,17 @@ mod tests {
         assert!((report.p99_ms - 2.1).abs() < 1e-9);
         assert!(parse("x", "Requests/sec: 1\n").is_err());
         assert!(parse("x", "CORRAL_WRK 1 2 3\n").is_err());
+    }
+
+    #[test]
+    fn a_unique_body_script_splits_at_the_marker_and_salts_each_run() {
+        let plain = script(Path::new("body.json"), None);
+        assert!(!plain.contains("request = function"));
+        let first = script(Path::new("body.json"), Some("miss-abc"));
+        let second = script(Path::new("body.json"), Some("miss-abc"));
+        assert!(first.contains(r#"local marker = "miss-abc""#), "{first}");
+        assert!(first.contains("request = function"));
+        assert_ne!(first, second, "two runs never share a salt");
     }
 
     #[test]

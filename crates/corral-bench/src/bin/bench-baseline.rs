@@ -1,21 +1,30 @@
 //! `bench-baseline`: the physical limit of one HTTP hop on this machine, for
-//! the hit-path benchmark. A bare hyper HTTP/1.1 server that reads each
-//! request body and answers every request with the same bytes (the body corral
-//! serves for the benchmark's cached request), with keep-alive; no routing, no
-//! parsing, no logging. This file is the whole server.
+//! the hit- and miss-path benchmarks. A bare hyper HTTP/1.1 server with
+//! keep-alive; no routing, no parsing, no logging. This file is the whole
+//! server. It has two modes:
 //!
-//! With `--header`, it also sends the headers corral's answer carries, so its
-//! response is corral's byte for byte but for the date: the hop's cost with
-//! corral's wire format, against which corral's own work is measured apart.
+//! - `--body-file`: answers every request with the same bytes (the body corral
+//!   serves for the benchmark's cached request): the hit path's floor. With
+//!   `--header`, it also sends the headers corral's answer carries, so its
+//!   response is corral's byte for byte but for the date: the hop's cost with
+//!   corral's wire format, against which corral's own work is measured apart.
+//! - `--proxy-to`: a reverse proxy, the miss path's floor. Each request
+//!   (method, path, headers, body bytes) goes to the upstream through one
+//!   pooled keep-alive client and the answer streams back as it arrives, as
+//!   nginx's `proxy_pass` does with its default request buffering: whatever a
+//!   miss through corral costs beyond this is corral's own work.
 
 use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use clap::Parser;
-use http_body_util::{BodyExt as _, Full};
-use hyper::{Request, Response, body::Incoming, header, service::service_fn};
-use hyper_util::rt::TokioIo;
+use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
+use hyper::{Request, Response, Uri, body::Incoming, header, service::service_fn};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioIo},
+};
 use std::io::Write as _;
 use tokio::net::TcpListener;
 
@@ -26,11 +35,18 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
     /// The bytes to answer with (as `application/json`).
-    #[arg(long)]
-    body_file: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "proxy_to",
+        conflicts_with = "proxy_to"
+    )]
+    body_file: Option<PathBuf>,
     /// A header to send on every response, as `name: value` (repeatable).
-    #[arg(long = "header", value_parser = parse_header)]
+    #[arg(long = "header", value_parser = parse_header, conflicts_with = "proxy_to")]
     headers: Vec<(header::HeaderName, header::HeaderValue)>,
+    /// Forward every request to this origin (`http://host:port`) instead.
+    #[arg(long)]
+    proxy_to: Option<Uri>,
 }
 
 fn parse_header(text: &str) -> Result<(header::HeaderName, header::HeaderValue), String> {
@@ -42,15 +58,85 @@ fn parse_header(text: &str) -> Result<(header::HeaderName, header::HeaderValue),
     Ok((name, value))
 }
 
+type AnswerBody = BoxBody<Bytes, hyper::Error>;
+
+/// What the server does with each request.
+#[derive(Clone)]
+enum Mode {
+    Fixed {
+        body: Bytes,
+        headers: header::HeaderMap,
+    },
+    Proxy {
+        client: Box<Client<HttpConnector, Full<Bytes>>>,
+        origin: Uri,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ProxyError {
+    #[error("reading the request: {0}")]
+    Request(#[from] hyper::Error),
+    #[error("calling the upstream: {0}")]
+    Upstream(#[from] hyper_util::client::legacy::Error),
+    #[error("building the upstream URI: {0}")]
+    Uri(#[from] http::Error),
+}
+
+impl Mode {
+    async fn answer(self, request: Request<Incoming>) -> Result<Response<AnswerBody>, ProxyError> {
+        match self {
+            Self::Fixed { body, headers } => {
+                // Read the request as corral must, so both sides do that work.
+                request.into_body().collect().await?;
+                let mut response = Response::new(Full::new(body).map_err(|n| match n {}).boxed());
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("application/json"),
+                );
+                if !headers.is_empty() {
+                    response.headers_mut().extend(headers);
+                }
+                Ok(response)
+            }
+            Self::Proxy { client, origin } => {
+                let (mut parts, body) = request.into_parts();
+                // The whole body before the call, as corral (which keys on it)
+                // and nginx's default request buffering both do.
+                let body = body.collect().await?.to_bytes();
+                let mut uri = origin.into_parts();
+                uri.path_and_query = parts.uri.path_and_query().cloned();
+                parts.uri = Uri::from_parts(uri).map_err(http::Error::from)?;
+                let answer = client
+                    .request(Request::from_parts(parts, Full::new(body)))
+                    .await?;
+                Ok(answer.map(|body| body.boxed()))
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let body = Bytes::from(
-        std::fs::read(&args.body_file)
-            .with_context(|| format!("reading {}", args.body_file.display()))?,
-    );
-    // One map, shared: a clone per response is what corral pays for its prebuilt headers too.
-    let headers: header::HeaderMap = args.headers.into_iter().collect();
+    let mode = match (args.proxy_to, args.body_file) {
+        (Some(origin), _) => Mode::Proxy {
+            client: Box::new(Client::builder(TokioExecutor::new()).build({
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector
+            })),
+            origin,
+        },
+        (None, Some(path)) => Mode::Fixed {
+            body: Bytes::from(
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+            ),
+            // One map, shared: a clone per response is what corral pays for its prebuilt headers too.
+            headers: args.headers.into_iter().collect(),
+        },
+        (None, None) => unreachable!("clap requires --body-file without --proxy-to"),
+    };
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -69,26 +155,10 @@ async fn main() -> anyhow::Result<()> {
             Err(_) => continue,
         };
         let _ = stream.set_nodelay(true);
-        let body = body.clone();
-        let headers = headers.clone();
+        let mode = mode.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let body = body.clone();
-                let headers = headers.clone();
-                async move {
-                    // Read the request as corral must, so both sides do that work.
-                    request.into_body().collect().await?;
-                    let mut response = Response::new(Full::new(body));
-                    response.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        header::HeaderValue::from_static("application/json"),
-                    );
-                    if !headers.is_empty() {
-                        response.headers_mut().extend(headers);
-                    }
-                    Ok::<_, hyper::Error>(response)
-                }
-            });
+            let service =
+                service_fn(move |request: Request<Incoming>| mode.clone().answer(request));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;

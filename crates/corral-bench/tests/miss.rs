@@ -1,0 +1,165 @@
+//! CI smoke of the miss-path benchmark (issue 41): the bare reverse proxy it
+//! measures corral against, and the `miss` scenario's report. Assertions on
+//! counts and on which figures are produced, never on timings.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use corral_bench::{
+    probe,
+    process::{self, Service},
+    suite::{self, Status, SuiteOptions},
+};
+use mock_upstream::{MockProvider, MockSettings};
+use tokio::process::Command;
+
+/// Bound on the proxy's start on a loaded machine.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+
+async fn start_proxy(provider: &MockProvider, logs: &Path) -> Service {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_bench-baseline"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--proxy-to"])
+        .arg(probe::origin_of(&provider.base_url()));
+    Service::spawn(
+        "bench-baseline-proxy",
+        command,
+        &logs.join("bench-baseline-proxy.log"),
+        START_DEADLINE,
+        process::url_after("bench-baseline listening on "),
+    )
+    .await
+    .expect("the proxy starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_baseline_forwards_requests_and_streams_to_the_mock() {
+    let provider = MockProvider::start(MockSettings::default())
+        .await
+        .expect("mock provider starts");
+    let logs = tempfile::tempdir().unwrap();
+    let proxy = start_proxy(&provider, logs.path()).await;
+    let client = probe::client();
+    let url = format!("{}/v1/chat/completions", proxy.ready);
+    let ask = |stream: bool| {
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .timeout(Duration::from_secs(30))
+            .json(&serde_json::json!({
+                "model": "gpt-4o-mini",
+                "stream": stream,
+                "messages": [{"role": "user", "content": "through the bare proxy"}],
+            }))
+            .send()
+    };
+
+    let answer = ask(false).await.expect("the proxy answers");
+    assert_eq!(answer.status(), 200);
+    let body: serde_json::Value = answer.json().await.expect("a JSON answer");
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+
+    let streamed = ask(true).await.expect("the proxy answers a stream");
+    assert_eq!(streamed.status(), 200);
+    let text = streamed.text().await.expect("the stream is read");
+    assert!(text.contains("data: [DONE]"), "{text}");
+
+    let calls = probe::mock_calls(&client, &provider.base_url())
+        .await
+        .expect("the mock counts calls");
+    assert_eq!(calls, 2, "each request reached the upstream once");
+    proxy.stop().await;
+}
+
+/// `corral-bench suite --only miss --quick` with the binaries this test build
+/// made: corral and the proxy baseline in front of one mock, every figure of
+/// the miss report produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_miss_scenario_reports_corral_against_the_proxy_baseline() {
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral-bench"))
+        .parent()
+        .expect("binaries have a directory")
+        .to_owned();
+    for bin in ["corral", "mock-upstream", "bench-baseline"] {
+        assert!(
+            bin_dir.join(bin).exists(),
+            "{bin} is not built in {}: run `cargo test` at the workspace root",
+            bin_dir.display()
+        );
+    }
+    let out = tempfile::tempdir().unwrap();
+    let report = suite::run(SuiteOptions {
+        bin_dir,
+        out_dir: out.path().to_owned(),
+        corpus: root.join("prompts/corpus.jsonl"),
+        corral_config: root.join("config.yaml"),
+        criterion_dir: out.path().join("no-criterion-here"),
+        only: vec!["miss".to_owned()],
+        quick: true,
+        peers: Vec::new(),
+        litellm: PathBuf::from("litellm"),
+        redis_server: "redis-server".to_owned(),
+        peer_stampede: 100,
+    })
+    .await
+    .expect("the suite runs");
+
+    let [miss] = &report.scenarios[..] else {
+        panic!("only the miss scenario ran: {:?}", report.scenarios);
+    };
+    assert_eq!(miss.status, Status::Ok, "{:?}", miss.note);
+    let figure = |name: &str| {
+        miss.figures
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("miss: no figure {name:?}"))
+            .value
+    };
+    for name in [
+        "miss throughput / baseline proxy",
+        "corral miss throughput",
+        "baseline proxy throughput",
+        "p99 at load / baseline proxy",
+        "1 connection latency p50, corral",
+        "1 connection latency p99, baseline proxy",
+        "1 connection latency p50 / baseline proxy",
+        "1 connection latency p99 / baseline proxy",
+        "1 connection streamed first event p50, corral",
+        "1 connection streamed first event p50 / baseline proxy",
+        "added p99",
+    ] {
+        let value = figure(name);
+        assert!(value.is_finite(), "miss: {name} = {value}");
+    }
+    for name in [
+        "corral miss throughput",
+        "baseline proxy throughput",
+        "1 connection latency p50, corral",
+        "1 connection latency p50, baseline proxy",
+    ] {
+        assert!(figure(name) > 0.0, "miss: {name}");
+    }
+    // Every body distinct: each request through either server cost a call.
+    for name in [
+        "corral upstream calls per request at load",
+        "baseline upstream calls per request at load",
+    ] {
+        assert!(figure(name) >= 0.99, "miss: {name} = {}", figure(name));
+    }
+    let generator = miss.extra["load_generator"].as_str().unwrap_or_default();
+    assert!(!generator.is_empty(), "the report names its generator");
+    // CPU per miss needs /proc (Linux, where CI runs).
+    if Path::new("/proc/self/stat").exists() {
+        for name in ["corral CPU per miss", "CPU per miss / baseline proxy"] {
+            assert!(figure(name).is_finite(), "miss: {name}");
+        }
+    }
+    let markdown = std::fs::read_to_string(out.path().join("latest.md")).expect("the report");
+    assert!(markdown.contains("miss throughput / baseline proxy"));
+}
