@@ -2,15 +2,14 @@
 //! measures corral against, and the `miss` scenario's report. Assertions on
 //! counts and on which figures are produced, never on timings.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+mod common;
+
+use std::{path::Path, time::Duration};
 
 use corral_bench::{
     probe,
     process::{self, Service},
-    suite::{self, Status, SuiteOptions},
+    suite::{self, Status},
 };
 use mock_upstream::{MockProvider, MockSettings};
 use tokio::process::Command;
@@ -81,34 +80,10 @@ async fn the_proxy_baseline_forwards_requests_and_streams_to_the_mock() {
 /// the miss report produced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_miss_scenario_reports_corral_against_the_proxy_baseline() {
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .parent()
-        .expect("binaries have a directory")
-        .to_owned();
-    for bin in ["corral", "mock-upstream", "bench-baseline"] {
-        assert!(
-            bin_dir.join(bin).exists(),
-            "{bin} is not built in {}: run `cargo test` at the workspace root",
-            bin_dir.display()
-        );
-    }
     let out = tempfile::tempdir().unwrap();
-    let report = suite::run(SuiteOptions {
-        bin_dir,
-        out_dir: out.path().to_owned(),
-        corpus: root.join("prompts/corpus.jsonl"),
-        corral_config: root.join("config.yaml"),
-        criterion_dir: out.path().join("no-criterion-here"),
-        only: vec!["miss".to_owned()],
-        quick: true,
-        peers: Vec::new(),
-        litellm: PathBuf::from("litellm"),
-        redis_server: "redis-server".to_owned(),
-        peer_stampede: 100,
-    })
-    .await
-    .expect("the suite runs");
+    let report = suite::run(common::quick_suite(&["miss"], out.path()))
+        .await
+        .expect("the suite runs");
 
     let [miss] = &report.scenarios[..] else {
         panic!("only the miss scenario ran: {:?}", report.scenarios);

@@ -2,14 +2,13 @@
 //! `bench/run` drives, so neither can rot: small counts, assertions on counts
 //! only (requests, errors, upstream calls, cache statuses), never on timings.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+mod common;
+
+use std::{path::Path, sync::Arc};
 
 use corral_bench::{
     self as bench, Mix, Scenario, Stop,
-    suite::{self, Status, SuiteOptions},
+    suite::{self, Status},
     workload::{Prompt, load_corpus},
 };
 
@@ -159,36 +158,10 @@ async fn streams_are_read_to_the_end() {
 /// The criterion scenarios report "not available" (no criterion output here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_suite_runs_end_to_end_in_quick_mode_and_writes_its_report() {
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
-    // The suite runs the workspace's binaries as child processes; `cargo test`
-    // at the workspace root builds all of them into one directory.
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .parent()
-        .expect("binaries have a directory")
-        .to_owned();
-    for bin in ["corral", "mock-upstream", "bench-baseline"] {
-        assert!(
-            bin_dir.join(bin).exists(),
-            "{bin} is not built in {}: run `cargo test` at the workspace root",
-            bin_dir.display()
-        );
-    }
     let out = tempfile::tempdir().unwrap();
-    let report = suite::run(SuiteOptions {
-        bin_dir,
-        out_dir: out.path().to_owned(),
-        corpus: root.join("prompts/corpus.jsonl"),
-        corral_config: root.join("config.yaml"),
-        criterion_dir: out.path().join("no-criterion-here"),
-        only: Vec::new(),
-        quick: true,
-        peers: Vec::new(),
-        litellm: PathBuf::from("litellm"),
-        redis_server: "redis-server".to_owned(),
-        peer_stampede: 100,
-    })
-    .await
-    .expect("the suite runs");
+    let report = suite::run(common::quick_suite(&[], out.path()))
+        .await
+        .expect("the suite runs");
 
     for file in ["latest.md", "latest.json"] {
         let text = std::fs::read_to_string(out.path().join(file)).expect("the report is written");
