@@ -15,10 +15,7 @@
 
 use axum::http::{HeaderValue, header};
 
-use super::{
-    Account, Adapter, Call, Prepared, confined_url, entra::EntraGrant, token::TokenCache,
-    with_model,
-};
+use super::{Account, Adapter, Call, Prepared, confined_url, entra::EntraGrant, token::TokenCache};
 use crate::{
     auth::{AZURE_KEY_HEADER, bearer_token},
     config::{Member, ProviderKind},
@@ -39,7 +36,8 @@ const BY_DEPLOYMENT: [&str; 6] = [
 #[derive(Debug)]
 pub(super) struct Azure {
     account: Account,
-    api_version: Option<String>,
+    /// `api-version=...`, made once: what the versioned shape's every URL ends in.
+    version_query: Option<String>,
     entra: Option<TokenCache>,
 }
 
@@ -71,7 +69,11 @@ impl Azure {
             .transpose()?;
         Ok(Self {
             account,
-            api_version: member.api_version.clone(),
+            version_query: member.api_version.as_ref().map(|version| {
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("api-version", version)
+                    .finish()
+            }),
             entra,
         })
     }
@@ -79,7 +81,7 @@ impl Azure {
     /// The path below the base URL: in the versioned shape, the endpoints
     /// Azure routes by deployment go below `/deployments/{deployment}`.
     fn path(&self, call: &Call<'_>) -> String {
-        match (&self.api_version, call.model) {
+        match (&self.version_query, call.model) {
             (Some(_), Some(model)) if BY_DEPLOYMENT.contains(&call.path) => {
                 let deployment = self.account.deployment(call).unwrap_or(model);
                 format!("/deployments/{deployment}{}", call.path)
@@ -91,17 +93,24 @@ impl Azure {
     /// The query: the caller's pairs but its `api-version`, then the
     /// account's (the version names Azure's wire, which this account speaks).
     fn query(&self, call: &Call<'_>) -> Option<String> {
-        let Some(version) = &self.api_version else {
+        let Some(version) = &self.version_query else {
             return call.query.map(str::to_owned);
         };
+        let Some(caller) = call.query.filter(|query| !query.is_empty()) else {
+            return Some(version.clone());
+        };
         let mut query = form_urlencoded::Serializer::new(String::new());
-        for (name, value) in form_urlencoded::parse(call.query.unwrap_or_default().as_bytes()) {
+        for (name, value) in form_urlencoded::parse(caller.as_bytes()) {
             if name != "api-version" {
                 query.append_pair(&name, &value);
             }
         }
-        query.append_pair("api-version", version);
-        Some(query.finish())
+        let mut query = query.finish();
+        if !query.is_empty() {
+            query.push('&');
+        }
+        query.push_str(version);
+        Some(query)
     }
 }
 
@@ -137,10 +146,7 @@ impl Adapter for Azure {
             )),
             (None, None, None) => {}
         }
-        let body = match self.account.deployment(call) {
-            Some(name) => with_model(call.body, name),
-            None => call.body.clone(),
-        };
+        let body = self.account.body(call);
         let query = self.query(call);
         Ok(Prepared {
             url: confined_url(&self.account.base, &self.path(call), query.as_deref())?,
