@@ -520,18 +520,15 @@ fn account(
             ),
         ));
     }
-    let own_entra = upstream
+    // The account's own settings: its member's, or the upstream's for a pool of one.
+    let (own_entra, own_key) = match upstream
         .members
         .iter()
         .find(|config| config.name == member.name)
-        .map_or(upstream.entra.is_some(), |config| config.entra.is_some());
-    let own_key = upstream
-        .members
-        .iter()
-        .find(|config| config.name == member.name)
-        .map_or(upstream.api_key_env.is_some(), |config| {
-            config.api_key_env.is_some()
-        });
+    {
+        Some(config) => (config.entra.is_some(), config.api_key_env.is_some()),
+        None => (upstream.entra.is_some(), upstream.api_key_env.is_some()),
+    };
     if (own_entra && own_key) || (upstream.entra.is_some() && upstream.api_key_env.is_some()) {
         return Err(ConfigError::key(
             at("entra"),

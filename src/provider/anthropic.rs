@@ -2,7 +2,7 @@
 
 use axum::http::{HeaderName, HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url, with_model};
+use super::{Account, Adapter, Call, Prepared, confined_url};
 use crate::{
     auth::{API_KEY_HEADER, bearer_token},
     config::ProviderKind,
@@ -67,10 +67,7 @@ impl Adapter for Anthropic {
                 HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION),
             ));
         }
-        let body = match self.account.deployment(call) {
-            Some(name) => with_model(call.body, name),
-            None => call.body.clone(),
-        };
+        let body = self.account.body(call);
         Ok(Prepared {
             url: confined_url(&self.account.base, call.path, call.query)?,
             headers,

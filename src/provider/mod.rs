@@ -160,6 +160,16 @@ impl Account {
         self.deployments.get(call.model?).map(String::as_str)
     }
 
+    /// The call's body as this account takes it: naming the account's
+    /// deployment of the model, when it has one (the body as it is else: a
+    /// `Bytes` clone).
+    fn body(&self, call: &Call<'_>) -> Bytes {
+        match self.deployment(call) {
+            Some(name) => with_model(call.body, name),
+            None => call.body.clone(),
+        }
+    }
+
     /// The account's key as a header value, marked sensitive.
     fn key_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
         self.api_key

@@ -2,7 +2,7 @@
 
 use axum::http::{HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url, with_model};
+use super::{Account, Adapter, Call, Prepared, confined_url};
 use crate::{config::ProviderKind, error::GatewayError};
 
 #[derive(Debug)]
@@ -35,10 +35,7 @@ impl Adapter for OpenAi {
             (None, Some(caller)) => headers.push((header::AUTHORIZATION, caller.clone())),
             (None, None) => {}
         }
-        let body = match self.account.deployment(call) {
-            Some(name) => with_model(call.body, name),
-            None => call.body.clone(),
-        };
+        let body = self.account.body(call);
         Ok(Prepared {
             url: confined_url(&self.account.base, call.path, call.query)?,
             headers,
