@@ -5,7 +5,6 @@ use axum::http::{HeaderName, HeaderValue, header};
 use super::{Account, Adapter, Call, Prepared, confined_url};
 use crate::{
     auth::{API_KEY_HEADER, bearer_token},
-    config::ProviderKind,
     error::GatewayError,
 };
 
@@ -26,10 +25,6 @@ pub(super) struct Anthropic {
 }
 
 impl Adapter for Anthropic {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Anthropic
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

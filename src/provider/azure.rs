@@ -18,7 +18,7 @@ use axum::http::{HeaderValue, header};
 use super::{Account, Adapter, Call, Prepared, confined_url, entra::EntraGrant, token::TokenCache};
 use crate::{
     auth::{AZURE_KEY_HEADER, bearer_token},
-    config::{Member, ProviderKind},
+    config::Member,
     error::GatewayError,
 };
 
@@ -115,10 +115,6 @@ impl Azure {
 }
 
 impl Adapter for Azure {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Azure
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

@@ -28,10 +28,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Map, Value};
 
 use super::{Account, Adapter, Call, Prepared, confined_url, eventstream, sensitive};
-use crate::{
-    config::{Member, ProviderKind},
-    error::GatewayError,
-};
+use crate::{config::Member, error::GatewayError};
 
 /// The Messages version Bedrock takes, in the body (it has no header).
 pub const BEDROCK_ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
@@ -150,10 +147,6 @@ impl Bedrock {
 }
 
 impl Adapter for Bedrock {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Bedrock
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

@@ -4,7 +4,7 @@
 use axum::http::{HeaderValue, header};
 
 use super::{Account, Adapter, Call, Prepared, confined_url};
-use crate::{auth::GEMINI_KEY_HEADER, config::ProviderKind, error::GatewayError};
+use crate::{auth::GEMINI_KEY_HEADER, error::GatewayError};
 
 #[derive(Debug)]
 pub(super) struct Gemini {
@@ -12,10 +12,6 @@ pub(super) struct Gemini {
 }
 
 impl Adapter for Gemini {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Gemini
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

@@ -63,10 +63,12 @@ pub struct Prepared {
 
 /// A provider: how a call in its wire's terms becomes a request it takes.
 pub trait Adapter: Send + Sync + fmt::Debug {
-    fn kind(&self) -> ProviderKind;
-
     /// What it holds of its account.
     fn account(&self) -> &Account;
+
+    fn kind(&self) -> ProviderKind {
+        self.account().kind
+    }
 
     /// Every request URL extends its path (`confined_url`).
     fn base(&self) -> &reqwest::Url {
@@ -131,6 +133,7 @@ pub fn adapter(member: &Member, client: &reqwest::Client) -> anyhow::Result<Box<
 /// What every adapter holds of its account.
 #[derive(Debug)]
 pub struct Account {
+    kind: ProviderKind,
     base: reqwest::Url,
     /// Whose credentials it may be sent (`auth::Provider::of_upstream`; an
     /// Azure account is Azure's whatever its host).
@@ -148,6 +151,7 @@ impl Account {
             _ => auth::Provider::of_upstream(member.api, base.host_str()),
         };
         Ok(Self {
+            kind: member.provider,
             base,
             owner,
             api_key: member.api_key.clone(),

@@ -3,7 +3,7 @@
 use axum::http::{HeaderValue, header};
 
 use super::{Account, Adapter, Call, Prepared, confined_url};
-use crate::{config::ProviderKind, error::GatewayError};
+use crate::error::GatewayError;
 
 #[derive(Debug)]
 pub(super) struct OpenAi {
@@ -11,10 +11,6 @@ pub(super) struct OpenAi {
 }
 
 impl Adapter for OpenAi {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::OpenAi
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     auth,
-    config::{Api, Member, ProviderKind},
+    config::{Api, Member},
     error::GatewayError,
 };
 
@@ -152,10 +152,6 @@ impl Vertex {
 }
 
 impl Adapter for Vertex {
-    fn kind(&self) -> ProviderKind {
-        ProviderKind::Vertex
-    }
-
     fn account(&self) -> &Account {
         &self.account
     }

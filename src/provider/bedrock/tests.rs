@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use super::*;
+use crate::config::ProviderKind;
 use crate::{
     config::{Api, AwsCredentials, Member, Secret},
     provider::{Account, Adapter, Call, eventstream::tests as frames},

@@ -4,6 +4,7 @@ use axum::http::Method;
 use serde_json::json;
 
 use super::*;
+use crate::config::ProviderKind;
 use crate::{
     config::Secret,
     provider::{
