@@ -22,6 +22,22 @@ const FALLBACK: &str = "gpt-mini";
 
 /// The first upstream a pool of `a` and `b` serving `gpt-4o*`, falling back
 /// to `gpt-mini`, which a second upstream (`mini`, at `mini_url`) serves.
+/// A pool of two members (a, b) failing every call with `status`, and its
+/// fallback upstream's mock (mini), behind one gateway.
+async fn primaries_failing_with(
+    status: u16,
+) -> (MockProvider, MockProvider, MockProvider, TestGateway) {
+    let [a, b, mini] = <[MockProvider; 3]>::try_from(mocks(3).await).ok().unwrap();
+    for primary in [&a, &b] {
+        primary.set_failure(Some(FailureMode::always(status)));
+    }
+    let gateway = TestGateway::start(|config| {
+        with_fallback(config, a.base_url(), b.base_url(), mini.base_url());
+    })
+    .await;
+    (a, b, mini, gateway)
+}
+
 fn with_fallback(config: &mut Config, a: String, b: String, mini_url: String) {
     pooled(config, vec![member("a", a), member("b", b)], Affinity::None);
     let mut mini = config.upstreams[0].clone();
@@ -45,14 +61,7 @@ fn naming(mut body: Value, model: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_whose_members_all_fail_is_answered_by_its_fallback_and_caches_under_its_key() {
-    let [a, b, mini] = <[MockProvider; 3]>::try_from(mocks(3).await).ok().unwrap();
-    for sick in [&a, &b] {
-        sick.set_failure(Some(FailureMode::always(503)));
-    }
-    let gateway = TestGateway::start(|config| {
-        with_fallback(config, a.base_url(), b.base_url(), mini.base_url());
-    })
-    .await;
+    let (a, b, mini, gateway) = primaries_failing_with(503).await;
     let body = chat("the primary pool is down");
     // Every caller of the one flight gets the fallback's answer.
     let replies = herd_on(&gateway, &[&a, &b, &mini], &body, 5).await;
@@ -104,14 +113,7 @@ async fn a_pool_whose_members_all_fail_is_answered_by_its_fallback_and_caches_un
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_falls_back_before_its_first_event_and_its_readers_read_the_fallbacks() {
-    let [a, b, mini] = <[MockProvider; 3]>::try_from(mocks(3).await).ok().unwrap();
-    for sick in [&a, &b] {
-        sick.set_failure(Some(FailureMode::always(503)));
-    }
-    let gateway = TestGateway::start(|config| {
-        with_fallback(config, a.base_url(), b.base_url(), mini.base_url());
-    })
-    .await;
+    let (a, b, mini, gateway) = primaries_failing_with(503).await;
     let body = streamed(chat("a stream the primary cannot start"));
     let replies = herd_on(&gateway, &[&a, &b, &mini], &body, 3).await;
     for reply in &replies {
@@ -134,14 +136,7 @@ async fn a_stream_falls_back_before_its_first_event_and_its_readers_read_the_fal
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_400_never_falls_back() {
-    let [a, b, mini] = <[MockProvider; 3]>::try_from(mocks(3).await).ok().unwrap();
-    for mock in [&a, &b] {
-        mock.set_failure(Some(FailureMode::always(400)));
-    }
-    let gateway = TestGateway::start(|config| {
-        with_fallback(config, a.base_url(), b.base_url(), mini.base_url());
-    })
-    .await;
+    let (_a, _b, mini, gateway) = primaries_failing_with(400).await;
     let reply = gateway.post(CHAT, &chat("a caller's mistake")).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{:?}", reply.body);
     assert_eq!(mini.calls(), 0, "the caller's request is the problem");
