@@ -282,6 +282,18 @@ fn audio_of(details: Option<&serde_json::Value>) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
+/// An answer's `usage` member, read by serde inside a larger answer (an
+/// adapter that reads other members of the answer in the same pass).
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub struct UsageMember(Raw);
+
+impl UsageMember {
+    pub fn into_usage(self) -> Option<Usage> {
+        self.0.into_usage()
+    }
+}
+
 /// Every count any supported shape may carry; absent and `null` read as absent.
 #[derive(Deserialize)]
 struct Raw {

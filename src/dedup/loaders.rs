@@ -19,7 +19,7 @@ use super::{
     fallback::{Fallbacks, pool_could_not_answer},
     outbound_of,
     pinning::PinOwners,
-    respond::{MEMBER_HEADER, shared_response},
+    respond::{MEMBER_HEADER, shared_response_with},
 };
 use crate::{
     cache::StoredResponse,
@@ -242,15 +242,16 @@ pub(super) fn stream_loader(
             dedup
                 .pin_answer(owners.as_ref(), member.as_deref(), &body)
                 .await;
+            let facts = wire.answer_facts(&body);
             Ok(Loaded {
-                cacheable: wire.is_complete(&body),
+                cacheable: facts.complete,
                 response: StoredResponse {
                     status: StatusCode::OK,
                     headers: vec![(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
                     )],
-                    usage: wire.usage(&body).or(usage),
+                    usage: facts.usage.or(usage),
                     body,
                 },
                 compute_time: started.elapsed(),
@@ -475,13 +476,19 @@ async fn call_pool(
         .call_buffered(outbound, &bill.model)
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
-    let cacheable = wire.is_complete(&buffered.body);
+    let facts = wire.answer_facts(&buffered.body);
+    let cacheable = facts.complete;
     if buffered.status.is_success() {
         dedup
             .pin_answer(owners, buffered.member.as_deref(), &buffered.body)
             .await;
     }
-    let mut response = shared_response(wire, buffered.status, &buffered.headers, buffered.body);
+    let mut response = shared_response_with(
+        buffered.status,
+        &buffered.headers,
+        buffered.body,
+        facts.usage,
+    );
     // The pool member that answered, for the caller to see (never a provider's
     // own `x-corral-*`: `shared_response` keeps only allowlisted headers).
     if let Some(member) = buffered.member.as_deref()

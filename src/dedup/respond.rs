@@ -21,6 +21,7 @@ use crate::{
     memo::Derived,
     metrics::Attribution,
     request::DedupRequest,
+    usage::Usage,
     wire::{Echo, Wire},
 };
 
@@ -52,6 +53,17 @@ pub(super) fn shared_response(
     headers: &HeaderMap,
     body: Bytes,
 ) -> StoredResponse {
+    let usage = wire.usage(&body);
+    shared_response_with(status, headers, body, usage)
+}
+
+/// As [`shared_response`], with the usage already read (`Wire::answer_facts`).
+pub(super) fn shared_response_with(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: Bytes,
+    usage: Option<Usage>,
+) -> StoredResponse {
     let headers = SHARED_RESPONSE_HEADERS
         .iter()
         .filter_map(|name| {
@@ -66,7 +78,7 @@ pub(super) fn shared_response(
     StoredResponse {
         status,
         headers,
-        usage: wire.usage(&body),
+        usage,
         body,
     }
 }

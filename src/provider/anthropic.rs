@@ -2,7 +2,7 @@
 
 use axum::http::{HeaderName, HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url};
+use super::{Account, Adapter, Call, Prepared};
 use crate::{
     auth::{API_KEY_HEADER, bearer_token},
     error::GatewayError,
@@ -64,7 +64,7 @@ impl Adapter for Anthropic {
         }
         let body = self.account.body(call);
         Ok(Prepared {
-            url: confined_url(&self.account.base, call.path, call.query)?,
+            url: self.account.url(call.path, call.query)?,
             headers,
             body,
         })

@@ -15,7 +15,7 @@
 
 use axum::http::{HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url, entra::EntraGrant, token::TokenCache};
+use super::{Account, Adapter, Call, Prepared, entra::EntraGrant, token::TokenCache};
 use crate::{
     auth::{AZURE_KEY_HEADER, bearer_token},
     config::Member,
@@ -145,7 +145,7 @@ impl Adapter for Azure {
         let body = self.account.body(call);
         let query = self.query(call);
         Ok(Prepared {
-            url: confined_url(&self.account.base, &self.path(call), query.as_deref())?,
+            url: self.account.url(&self.path(call), query.as_deref())?,
             headers,
             body,
         })

@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Map, Value};
 
-use super::{Account, Adapter, Call, Prepared, confined_url, eventstream, sensitive};
+use super::{Account, Adapter, Call, Prepared, eventstream, sensitive};
 use crate::{config::Member, error::GatewayError};
 
 /// The Messages version Bedrock takes, in the body (it has no header).
@@ -132,15 +132,15 @@ impl Bedrock {
         let path = format!("/model/{}/{action}", utf8_percent_encode(id, PATH_LABEL));
         // Bedrock takes no query: an Anthropic SDK's `?beta=true` says
         // nothing it reads.
-        let url = confined_url(&self.account.base, &path, None)?;
+        let url = self.account.url(&path, None)?;
         let mut headers = vec![(header::CONTENT_TYPE, HeaderValue::from_static(JSON))];
-        match (&self.signer, &self.account.api_key) {
-            (Some(signer), _) => headers.extend(signer.sign(&url, &body, now)?),
-            (None, Some(key)) => headers.push((
-                header::AUTHORIZATION,
-                sensitive(format!("Bearer {}", key.expose()).as_bytes())?,
-            )),
-            (None, None) => {}
+        match &self.signer {
+            Some(signer) => headers.extend(signer.sign(&url, &body, now)?),
+            None => headers.extend(
+                self.account
+                    .bearer_value()?
+                    .map(|bearer| (header::AUTHORIZATION, bearer)),
+            ),
         }
         Ok(Prepared { url, headers, body })
     }

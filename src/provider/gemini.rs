@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url};
+use super::{Account, Adapter, Call, Prepared};
 use crate::{auth::GEMINI_KEY_HEADER, error::GatewayError};
 
 #[derive(Debug)]
@@ -49,11 +49,9 @@ impl Adapter for Gemini {
             _ => None,
         };
         Ok(Prepared {
-            url: confined_url(
-                &self.account.base,
-                renamed.as_deref().unwrap_or(call.path),
-                call.query,
-            )?,
+            url: self
+                .account
+                .url(renamed.as_deref().unwrap_or(call.path), call.query)?,
             headers,
             body: call.body.clone(),
         })

@@ -141,6 +141,12 @@ pub struct Account {
     api_key: Option<Secret<String>>,
     /// Public model name -> the account's name for it.
     deployments: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+    /// The key as a header value, and as `Bearer <key>`, made once (both
+    /// `None` without a key, or with one that is no header value).
+    key_header: Option<HeaderValue>,
+    bearer_header: Option<HeaderValue>,
+    /// Request URLs already made for query-less paths (`url`).
+    urls: UrlMemo,
 }
 
 impl Account {
@@ -150,13 +156,32 @@ impl Account {
             ProviderKind::Azure => auth::Provider::Azure,
             _ => auth::Provider::of_upstream(member.api, base.host_str()),
         };
+        let key = member.api_key.as_ref().map(|key| key.expose().as_str());
         Ok(Self {
             kind: member.provider,
             base,
             owner,
             api_key: member.api_key.clone(),
             deployments: member.deployments.clone(),
+            key_header: key.and_then(|key| sensitive(key.as_bytes()).ok()),
+            bearer_header: key.and_then(|key| sensitive(format!("Bearer {key}").as_bytes()).ok()),
+            urls: UrlMemo::default(),
         })
+    }
+
+    /// The request URL for `path` and `query` (`confined_url`); a query-less
+    /// path's is made once and cloned after (the deduplicated endpoints are a
+    /// handful of paths, and a URL parse is a visible part of a miss's work).
+    fn url(&self, path: &str, query: Option<&str>) -> Result<reqwest::Url, GatewayError> {
+        if query.is_some() {
+            return confined_url(&self.base, path, query);
+        }
+        if let Some(url) = self.urls.0.get(path) {
+            return Ok(url);
+        }
+        let url = confined_url(&self.base, path, None)?;
+        self.urls.0.insert(path.to_owned(), url.clone());
+        Ok(url)
     }
 
     /// The account's name for the call's model, when it has one of its own.
@@ -176,17 +201,55 @@ impl Account {
 
     /// The account's key as a header value, marked sensitive.
     fn key_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
-        self.api_key
-            .as_ref()
-            .map(|key| sensitive(key.expose().as_bytes()))
-            .transpose()
+        Self::made(self.api_key.is_some(), &self.key_header)
     }
+
+    /// `Bearer <the account's key>`, marked sensitive.
+    fn bearer_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
+        Self::made(self.api_key.is_some(), &self.bearer_header)
+    }
+
+    fn made(
+        has_key: bool,
+        value: &Option<HeaderValue>,
+    ) -> Result<Option<HeaderValue>, GatewayError> {
+        match (has_key, value) {
+            (false, _) => Ok(None),
+            (true, Some(value)) => Ok(Some(value.clone())),
+            (true, None) => Err(invalid_key()),
+        }
+    }
+}
+
+/// The URLs an account made for query-less paths: at most
+/// [`URL_MEMO_PATHS`], each checked by `confined_url` when first made.
+struct UrlMemo(quick_cache::sync::Cache<String, reqwest::Url>);
+
+/// Paths an account keeps the URL of: the deduplicated endpoints and the
+/// common pass-through paths fit many times over; a miss costs one parse.
+const URL_MEMO_PATHS: usize = 64;
+
+impl Default for UrlMemo {
+    fn default() -> Self {
+        Self(quick_cache::sync::Cache::new(URL_MEMO_PATHS))
+    }
+}
+
+impl std::fmt::Debug for UrlMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UrlMemo")
+            .field("paths", &self.0.len())
+            .finish()
+    }
+}
+
+fn invalid_key() -> GatewayError {
+    GatewayError::invalid("the API key is not a valid header value")
 }
 
 /// A credential as a header value that never reaches a log.
 fn sensitive(bytes: &[u8]) -> Result<HeaderValue, GatewayError> {
-    let mut value = HeaderValue::from_bytes(bytes)
-        .map_err(|_| GatewayError::invalid("the API key is not a valid header value"))?;
+    let mut value = HeaderValue::from_bytes(bytes).map_err(|_| invalid_key())?;
     value.set_sensitive(true);
     Ok(value)
 }

@@ -2,7 +2,7 @@
 
 use axum::http::{HeaderValue, header};
 
-use super::{Account, Adapter, Call, Prepared, confined_url};
+use super::{Account, Adapter, Call, Prepared};
 use crate::error::GatewayError;
 
 #[derive(Debug)]
@@ -23,17 +23,14 @@ impl Adapter for OpenAi {
         _token: Option<&HeaderValue>,
     ) -> Result<Prepared, GatewayError> {
         let mut headers = Vec::with_capacity(1);
-        match (&self.account.api_key, call.authorization) {
-            (Some(key), _) => headers.push((
-                header::AUTHORIZATION,
-                super::sensitive(format!("Bearer {}", key.expose()).as_bytes())?,
-            )),
+        match (self.account.bearer_value()?, call.authorization) {
+            (Some(bearer), _) => headers.push((header::AUTHORIZATION, bearer)),
             (None, Some(caller)) => headers.push((header::AUTHORIZATION, caller.clone())),
             (None, None) => {}
         }
         let body = self.account.body(call);
         Ok(Prepared {
-            url: confined_url(&self.account.base, call.path, call.query)?,
+            url: self.account.url(call.path, call.query)?,
             headers,
             body,
         })

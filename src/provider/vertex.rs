@@ -22,9 +22,7 @@ use axum::http::{HeaderValue, header};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{
-    Account, Adapter, Call, Prepared, confined_url, google::ServiceAccountGrant, token::TokenCache,
-};
+use super::{Account, Adapter, Call, Prepared, google::ServiceAccountGrant, token::TokenCache};
 use crate::{
     auth,
     config::{Api, Member},
@@ -184,7 +182,7 @@ impl Adapter for Vertex {
             .into_iter()
             .collect();
         Ok(Prepared {
-            url: confined_url(&self.account.base, &path, query)?,
+            url: self.account.url(&path, query)?,
             headers,
             body,
         })

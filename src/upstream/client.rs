@@ -16,6 +16,7 @@ use super::{
     first_event::{FirstEvent, read_first_event},
     pool::{Pool, Target},
     retry::{self, AttemptError},
+    transport::SendError,
     walk::Counted,
 };
 use crate::{
@@ -252,7 +253,7 @@ impl Upstream {
         let pool = &self.pools[outbound.upstream];
         let (result, attempts, member) = self.buffered_attempts(outbound).await;
         let elapsed = started.elapsed();
-        tracing::info!(upstream = %pool.name, member = member.as_deref().unwrap_or("-"), attempts, ?elapsed, ok = result.is_ok(), "upstream call");
+        tracing::debug!(upstream = %pool.name, member = member.as_deref().unwrap_or("-"), attempts, ?elapsed, ok = result.is_ok(), "upstream call");
         let status = match &result {
             Ok((status, _, _)) => status.as_str(),
             Err(err) => outcome_label(err),
@@ -302,15 +303,21 @@ impl Upstream {
         Option<Arc<str>>,
     ) {
         self.protected(outbound, Counted::Failures, |target| async move {
+            // The whole exchange, body included, within `request_timeout`.
+            let deadline = tokio::time::Instant::now() + target.request_timeout;
             let response = self
                 .send_once(outbound, target, Wait::Whole(target.request_timeout))
                 .await?;
             let status = response.status();
             let headers = response.headers().clone();
             // From here the body has begun to arrive: a failure is not retried.
-            let body = self
-                .read_body(target, response)
+            let body = tokio::time::timeout_at(deadline, self.read_body(target, response))
                 .await
+                .unwrap_or_else(|_| {
+                    Err(GatewayError::UpstreamTimeout {
+                        upstream: target.name.clone(),
+                    })
+                })
                 .map_err(AttemptError::fatal)?;
             if status.is_success() {
                 return Ok((status, headers, body));
@@ -531,7 +538,6 @@ impl Upstream {
                 token.as_ref(),
             )
             .map_err(AttemptError::fatal)?;
-        let mut request = target.client.request(outbound.method.clone(), prepared.url);
         let headers = outbound
             .headers
             .iter()
@@ -540,37 +546,45 @@ impl Upstream {
         // Exactly one Content-Type: the caller's (a multipart boundary, say)
         // or the adapter's when either has one, else JSON, what every
         // deduplicated body is.
-        if !headers
+        let json = (!headers
             .clone()
-            .any(|(name, _)| name == header::CONTENT_TYPE)
-        {
-            request = request.header(header::CONTENT_TYPE, "application/json");
-        }
-        for (name, value) in headers {
-            request = request.header(name, value);
-        }
-        if let Wait::Whole(timeout) = wait {
-            request = request.timeout(timeout);
-        }
+            .any(|(name, _)| name == header::CONTENT_TYPE))
+        .then(|| {
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+        });
+        let mut trace_headers = HeaderMap::new();
         if traces::active() {
-            let mut trace_headers = HeaderMap::new();
             traces::inject(&mut trace_headers);
-            request = request.headers(trace_headers);
         }
-        if !prepared.body.is_empty() || outbound.method == Method::POST {
-            request = request.body(prepared.body);
-        }
+        let headers = json
+            .into_iter()
+            .chain(headers.map(|(name, value)| (name.clone(), value.clone())))
+            .chain(
+                trace_headers
+                    .into_iter()
+                    .filter_map(|(name, value)| Some((name?, value))),
+            );
+        let body =
+            (!prepared.body.is_empty() || outbound.method == Method::POST).then_some(prepared.body);
+        // A buffered call's head comes with its whole answer (a reasoning
+        // model's, after minutes): only its total bounds it (its body too,
+        // `read_body`'s caller).
+        let (head_timeout, whole) = match wait {
+            Wait::Whole(total) => (total, Some(total)),
+            Wait::Head(total) => (total, None),
+        };
         // Past the connection, the provider may have the request and be
         // computing it (and billing it): it is sent again only when that
         // cannot cost twice.
         let resend = self.retry.resend_sent_requests || is_safe(&outbound.method);
-        // A buffered call's head comes with its whole answer (a reasoning
-        // model's, after minutes): only its total bounds it (also set on the
-        // request itself, for the body).
-        let head_timeout = match wait {
-            Wait::Whole(total) | Wait::Head(total) => total,
-        };
-        let response = match tokio::time::timeout(head_timeout, request.send()).await {
+        let send =
+            target
+                .transport
+                .send(outbound.method.clone(), prepared.url, headers, body, whole);
+        let response = match tokio::time::timeout(head_timeout, send).await {
             Ok(response) => response,
             Err(_) => {
                 let timeout = GatewayError::UpstreamTimeout {
@@ -627,7 +641,7 @@ impl Upstream {
 /// A connect error is worth another attempt (nothing reached the provider);
 /// a timeout or a connection lost after that, only when `resend` says the
 /// request may be sent twice.
-fn classify_send_error(err: reqwest::Error, upstream: &str, resend: bool) -> AttemptError {
+fn classify_send_error(err: SendError, upstream: &str, resend: bool) -> AttemptError {
     // Without its URL: a query may carry a credential (`?key=`), and the
     // reason reaches the log and the caller.
     let err = err.without_url();
@@ -824,9 +838,29 @@ mod tests {
             error_chain(&err).contains("AIza-SECRET"),
             "reqwest's own message names the URL"
         );
+        let attempt = classify_send_error(SendError::Proxied(err), "mock", false);
+        let text = attempt.error.to_string();
+        assert!(attempt.retryable, "a connect error is retried");
+        assert!(!text.contains("AIza-SECRET"), "{text}");
+
+        // The direct transport: a connect error, retried, naming no URL.
+        let url = format!("http://127.0.0.1:{port}/v1/models?key=AIza-SECRET");
+        let err = super::super::transport::Transport::direct(Duration::from_secs(5))
+            .unwrap()
+            .send(
+                Method::GET,
+                reqwest::Url::parse(&url).unwrap(),
+                std::iter::empty(),
+                None,
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is_connect(), "{err:?}");
         let attempt = classify_send_error(err, "mock", false);
         let text = attempt.error.to_string();
         assert!(attempt.retryable, "a connect error is retried");
+        assert!(text.contains("Connection refused"), "{text}");
         assert!(!text.contains("AIza-SECRET"), "{text}");
     }
 }

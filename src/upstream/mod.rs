@@ -9,6 +9,7 @@ mod pool;
 pub mod retry;
 mod route;
 mod shared_cooldowns;
+mod transport;
 mod walk;
 
 pub use crate::provider::DEFAULT_ANTHROPIC_VERSION;

@@ -16,6 +16,7 @@ use std::{num::NonZeroU32, sync::Arc, time::Duration};
 use super::{
     breaker::{RetryBudget, UpstreamGuard},
     shared_cooldowns::{Cooled, Publisher},
+    transport::Transport,
 };
 use axum::http::HeaderValue;
 
@@ -50,7 +51,7 @@ pub(super) struct Target {
     /// `first_byte_timeout`, at most `request_timeout`.
     pub(super) stream_head_timeout: Duration,
     /// Per member, so each has its own connect timeout.
-    pub(super) client: reqwest::Client,
+    pub(super) transport: Transport,
     pub(super) guard: UpstreamGuard,
 }
 
@@ -91,6 +92,7 @@ impl Target {
             .tcp_nodelay(true)
             .build()?;
         let adapter = crate::provider::adapter(member, &client)?;
+        let transport = Transport::new(member.connect_timeout, &client)?;
         let name = if pool.members.is_empty() {
             pool.name.clone()
         } else {
@@ -108,7 +110,7 @@ impl Target {
                 .first_byte_timeout
                 .max(config.coalesce.first_event_timeout)
                 .min(member.request_timeout),
-            client,
+            transport,
         })
     }
 }

@@ -151,6 +151,24 @@ pub trait Wire: Send + Sync + std::fmt::Debug + 'static {
     fn usage(&self, body: &[u8]) -> Option<Usage> {
         Usage::from_body(body)
     }
+
+    /// What a flight reads of a non-stream answer: whether it is complete
+    /// ([`is_complete`](Self::is_complete)) and its usage
+    /// ([`usage`](Self::usage)). An adapter may read both in one pass over
+    /// the body (every miss reads them).
+    fn answer_facts(&self, body: &[u8]) -> AnswerFacts {
+        AnswerFacts {
+            complete: self.is_complete(body),
+            usage: self.usage(body),
+        }
+    }
+}
+
+/// See [`Wire::answer_facts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswerFacts {
+    pub complete: bool,
+    pub usage: Option<Usage>,
 }
 
 /// `temperature` 0 or a non-null `seed`: the request deserves the same answer twice.

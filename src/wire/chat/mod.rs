@@ -10,14 +10,18 @@ mod stream;
 pub use convert::{assemble, synthesize};
 pub use stream::STREAM;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use serde::{Deserialize, de::IgnoredAny};
 use serde_json::{Map, Value};
 
-use super::{ConvertError, Wire, zero_temperature_or_seed};
+use super::{AnswerFacts, ConvertError, Wire, zero_temperature_or_seed};
 use crate::{
     error::GatewayError,
     fingerprint::{BodyKeying, Endpoint},
     sse::{CallerUsage, Format, UpstreamStreamRequest},
+    usage::UsageMember,
     validate::{self, InputLimits},
 };
 
@@ -67,6 +71,48 @@ impl Wire for ChatWire {
 
     fn synthesize(&self, answer: &Value) -> Result<Vec<Bytes>, ConvertError> {
         synthesize(answer)
+    }
+
+    /// One typed pass for both (no JSON tree: a miss reads every answer).
+    /// An answer the typed read refuses (a member of another type than the
+    /// API's, a duplicate member) is read as before, member by member, so
+    /// both say what `is_complete` and `usage` say.
+    fn answer_facts(&self, body: &[u8]) -> AnswerFacts {
+        #[derive(Deserialize)]
+        struct Answer<'a> {
+            #[serde(borrow)]
+            choices: Option<Vec<Choice<'a>>>,
+            data: Option<Vec<IgnoredAny>>,
+            usage: Option<UsageMember>,
+        }
+        #[derive(Deserialize)]
+        struct Choice<'a> {
+            #[serde(borrow)]
+            finish_reason: Option<Cow<'a, str>>,
+        }
+        let Ok(answer) = serde_json::from_slice::<Answer<'_>>(body) else {
+            return AnswerFacts {
+                complete: self.is_complete(body),
+                usage: self.usage(body),
+            };
+        };
+        let complete = if self.endpoint == Endpoint::Embeddings {
+            answer.data.is_some_and(|data| !data.is_empty())
+        } else {
+            answer.choices.is_some_and(|choices| {
+                !choices.is_empty()
+                    && choices.iter().all(|choice| {
+                        choice
+                            .finish_reason
+                            .as_deref()
+                            .is_some_and(|reason| reason != "content_filter")
+                    })
+            })
+        };
+        AnswerFacts {
+            complete,
+            usage: answer.usage.and_then(UsageMember::into_usage),
+        }
     }
 
     /// Complete when it parses and every choice has a `finish_reason`
@@ -142,5 +188,52 @@ mod tests {
         assert!(!CHAT.is_complete(filtered), "a filtered answer is not kept");
         assert!(EMBEDDINGS.is_complete(br#"{"data":[{"embedding":[0.1]}]}"#));
         assert!(!EMBEDDINGS.is_complete(br#"{"data":[]}"#));
+    }
+
+    /// The one-pass read says what the two separate reads say, for answers
+    /// it reads itself and for the ones it hands back to them.
+    #[test]
+    fn answer_facts_agree_with_is_complete_and_usage() {
+        let usage = r#""usage":{"prompt_tokens":12,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":2}}"#;
+        let bodies = [
+            format!(
+                r#"{{"id":"c","choices":[{{"index":0,"message":{{"role":"assistant","content":"a \"quoted\" answer"}},"finish_reason":"stop"}}],{usage}}}"#
+            ),
+            format!(r#"{{"choices":[{{"finish_reason":"st\u0061p"}}],{usage}}}"#),
+            format!(r#"{{"choices":[{{"finish_reason":null}}],{usage}}}"#),
+            format!(r#"{{"choices":[{{"finish_reason":"content_filter"}}],{usage}}}"#),
+            format!(r#"{{"choices":[{{"finish_reason":7}}],{usage}}}"#),
+            format!(r#"{{"choices":[{{}}],{usage}}}"#),
+            format!(r#"{{"choices":[],{usage}}}"#),
+            format!(r#"{{"choices":"none",{usage}}}"#),
+            format!(r#"{{"choices":[3],{usage}}}"#),
+            format!(r#"{{"choices":[{{"finish_reason":"stop"}}],"choices":[],{usage}}}"#),
+            format!(r#"{{"data":[{{"embedding":[0.1]}}],{usage}}}"#),
+            format!(r#"{{"data":[],{usage}}}"#),
+            format!(r#"{{"data":{{}},{usage}}}"#),
+            r#"{"choices":[{"finish_reason":"stop"}],"usage":null}"#.to_owned(),
+            r#"{"choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":"many"}}"#.to_owned(),
+            r#"{"choices":[{"finish_reason":"stop"}]"#.to_owned(),
+            r#"[1,2]"#.to_owned(),
+            String::new(),
+        ];
+        for wire in [&CHAT, &COMPLETIONS, &EMBEDDINGS] {
+            for body in &bodies {
+                let body = body.as_bytes();
+                assert_eq!(
+                    wire.answer_facts(body),
+                    AnswerFacts {
+                        complete: wire.is_complete(body),
+                        usage: wire.usage(body),
+                    },
+                    "{:?} {}",
+                    wire.endpoint,
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+        let first = CHAT.answer_facts(bodies[0].as_bytes());
+        assert!(first.complete);
+        assert_eq!(first.usage.map(|usage| usage.prompt_tokens), Some(12));
     }
 }

@@ -1,0 +1,178 @@
+//! How one member's requests travel: hyper's pooled keep-alive client
+//! (rustls, HTTP/1.1 and HTTP/2 by ALPN), or reqwest where the environment
+//! names an egress proxy (`HTTPS_PROXY` and the rest, which reqwest honours
+//! and hyper's client does not).
+//!
+//! The direct client is the miss path's: reqwest turns every request's URL
+//! into a `Uri` and back into a URL for its redirect policy (which corral
+//! turns off), clones its client per request and wraps each call in a retry
+//! layer corral does not use: about a tenth of a miss's instructions
+//! (BENCHMARKS.md, "Miss path"). Both hand back a `reqwest::Response`, so
+//! everything past the send (bodies, streams, adapters) is one code path.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioTimer},
+};
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections kept per host.
+const POOL_MAX_IDLE_PER_HOST: usize = 256;
+
+/// The variables that name an egress proxy (reqwest reads each in both cases).
+const PROXY_VARIABLES: [&str; 3] = ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"];
+
+type Direct = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One member's way to its provider. See the module documentation.
+#[derive(Clone, Debug)]
+pub(crate) enum Transport {
+    Direct(Direct),
+    Proxied(reqwest::Client),
+}
+
+/// A request that did not get a response head.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error(transparent)]
+    Direct(#[from] hyper_util::client::legacy::Error),
+    #[error(transparent)]
+    Proxied(reqwest::Error),
+    #[error("the request URL is not a URI: {0}")]
+    Uri(#[from] axum::http::uri::InvalidUri),
+}
+
+impl SendError {
+    /// Whether no connection was made: nothing reached the provider.
+    pub(crate) fn is_connect(&self) -> bool {
+        match self {
+            Self::Direct(err) => err.is_connect(),
+            Self::Proxied(err) => err.is_connect(),
+            Self::Uri(_) => false,
+        }
+    }
+
+    /// The error without the request's URL (a query may carry a credential);
+    /// hyper's errors never name it.
+    pub(crate) fn without_url(self) -> Self {
+        match self {
+            Self::Proxied(err) => Self::Proxied(err.without_url()),
+            other => other,
+        }
+    }
+
+    /// A timeout other than the connect timeout (reqwest's own).
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, Self::Proxied(err) if err.is_timeout())
+    }
+}
+
+impl Transport {
+    /// The transport for a member with `connect_timeout`: proxied when the
+    /// environment names a proxy (`reqwest` is the client given), else
+    /// direct.
+    pub(crate) fn new(
+        connect_timeout: Duration,
+        proxied: &reqwest::Client,
+    ) -> anyhow::Result<Self> {
+        if environment_names_a_proxy() {
+            return Ok(Self::Proxied(proxied.clone()));
+        }
+        Self::direct(connect_timeout)
+    }
+
+    /// hyper's pooled client, whatever the environment says.
+    pub(crate) fn direct(connect_timeout: Duration) -> anyhow::Result<Self> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config()?)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
+        Ok(Self::Direct(client))
+    }
+
+    /// Sends one request; `whole` bounds a proxied call's body too (the
+    /// direct one's body is bounded by its reader). The headers go as they
+    /// are, plus `accept: */*` when they name no `accept` (what reqwest
+    /// sends).
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        url: reqwest::Url,
+        headers: impl Iterator<Item = (HeaderName, HeaderValue)>,
+        body: Option<Bytes>,
+        whole: Option<Duration>,
+    ) -> Result<reqwest::Response, SendError> {
+        match self {
+            Self::Direct(client) => {
+                let mut request = axum::http::Request::new(Full::new(body.unwrap_or_default()));
+                *request.method_mut() = method;
+                *request.uri_mut() = url.as_str().parse()?;
+                let map = request.headers_mut();
+                extend(map, headers);
+                let response = client.request(request).await?;
+                Ok(reqwest::Response::from(response.map(reqwest::Body::wrap)))
+            }
+            Self::Proxied(client) => {
+                let mut map = HeaderMap::new();
+                extend(&mut map, headers);
+                let mut request = client.request(method, url).headers(map);
+                if let Some(body) = body {
+                    request = request.body(body);
+                }
+                if let Some(whole) = whole {
+                    request = request.timeout(whole);
+                }
+                request.send().await.map_err(SendError::Proxied)
+            }
+        }
+    }
+}
+
+fn extend(map: &mut HeaderMap, headers: impl Iterator<Item = (HeaderName, HeaderValue)>) {
+    for (name, value) in headers {
+        map.append(name, value);
+    }
+    if !map.contains_key(header::ACCEPT) {
+        map.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+    }
+}
+
+/// rustls with the webpki roots and ring, as reqwest's `rustls-tls` has it.
+fn tls_config() -> anyhow::Result<rustls::ClientConfig> {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(config)
+}
+
+fn environment_names_a_proxy() -> bool {
+    PROXY_VARIABLES.iter().any(|name| {
+        [name.to_string(), name.to_lowercase()]
+            .iter()
+            .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
+    })
+}
