@@ -498,7 +498,7 @@ impl Coalescer {
         refresh: bool,
     ) {
         let context = self.context.clone();
-        let span = tracing::info_span!("flight", fingerprint = ?guard.fingerprint());
+        let span = tracing::info_span!("flight", fingerprint = %guard.fingerprint().short_hex());
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
         let kind = if refresh { "refresh" } else { "request" };
