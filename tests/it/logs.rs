@@ -82,7 +82,12 @@ impl Corral {
         }
     }
 
-    async fn post(&self, path: &str, body: String, headers: &[(&str, &str)]) -> reqwest::Response {
+    pub(crate) async fn post(
+        &self,
+        path: &str,
+        body: String,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
         let mut request = reqwest::Client::new()
             .post(format!("{}{path}", self.url))
             .timeout(WAIT)

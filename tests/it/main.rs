@@ -28,6 +28,7 @@ mod deadlines;
 mod dedup;
 mod deploy;
 mod edges;
+mod egress_proxy;
 mod embeddings;
 mod fuzz_corpora;
 mod gemini;
