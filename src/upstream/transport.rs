@@ -33,7 +33,7 @@ type Direct = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// One member's way to its provider. See the module documentation.
 #[derive(Clone, Debug)]
 pub(crate) enum Transport {
-    Direct(Direct),
+    Direct(Box<Direct>),
     Proxied(reqwest::Client),
 }
 
@@ -105,7 +105,7 @@ impl Transport {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(https);
-        Ok(Self::Direct(client))
+        Ok(Self::Direct(Box::new(client)))
     }
 
     /// Sends one request; `whole` bounds a proxied call's body too (the
