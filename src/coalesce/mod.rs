@@ -508,7 +508,9 @@ impl Coalescer {
         });
         let publisher = guard.stream_publisher().with_live(live);
         let flight = async move {
-            let outcome = run_flight(&context, &key, policy, loader, publisher).await;
+            // Boxed when it starts: the task's own future stays small, and
+            // spawning it moves a few words, not the flight's kilobytes.
+            let outcome = Box::pin(run_flight(&context, &key, policy, loader, publisher)).await;
             // Once a flight, however many callers its error answers.
             if let Err(error) = &outcome
                 && error.status().is_server_error()

@@ -126,11 +126,16 @@ tokio::task_local! {
 /// ago makes one (`coalesce::FailureMemory`); the cap travels with the
 /// flight's future, so no call signature between the flight and the retry
 /// loop has to carry it.
-pub async fn at_most<F: Future>(cap: Option<usize>, call: F) -> F::Output {
-    match cap {
-        Some(cap) => ATTEMPT_CAP.scope(cap, call).await,
-        None => call.await,
-    }
+///
+/// Not an `async fn`: one of those would hold `call` twice over (as it was
+/// given and as it runs), and a flight's call is kilobytes that every miss
+/// moves into its box. Without a cap of its own it keeps the one it runs
+/// under, if any.
+pub fn at_most<F: Future>(cap: Option<usize>, call: F) -> impl Future<Output = F::Output> {
+    let cap = cap
+        .or_else(|| ATTEMPT_CAP.try_with(|cap| *cap).ok())
+        .unwrap_or(usize::MAX);
+    ATTEMPT_CAP.scope(cap, call)
 }
 
 /// The attempts a call may make here: `retry.max_attempts`, or less under [`at_most`].
@@ -231,6 +236,12 @@ mod tests {
         // A cap never raises the configured attempts.
         let (_, attempts) = at_most(Some(9), with_retries(&config(2), failing)).await;
         assert_eq!(attempts, 2);
+        // Without a cap of its own, a call keeps the one it runs under.
+        let (_, nested) = at_most(Some(2), async {
+            at_most(None, with_retries(&config(4), failing)).await
+        })
+        .await;
+        assert_eq!(nested, 2);
     }
 
     #[tokio::test(start_paused = true)]
