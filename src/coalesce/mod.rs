@@ -498,7 +498,15 @@ impl Coalescer {
         refresh: bool,
     ) {
         let context = self.context.clone();
-        let span = tracing::info_span!("flight", fingerprint = %guard.fingerprint().short_hex());
+        // A span of its own at DEBUG (making and closing one is a visible
+        // part of a miss's CPU); at INFO the flight runs in its caller's
+        // request span, and its warning names the key itself.
+        let span = match tracing::debug_span!("flight", fingerprint = %guard.fingerprint().short_hex())
+        {
+            span if span.is_disabled() => tracing::Span::current(),
+            span => span,
+        };
+        let fingerprint = guard.fingerprint().short_hex();
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
         let kind = if refresh { "refresh" } else { "request" };
@@ -515,7 +523,7 @@ impl Coalescer {
             if let Err(error) = &outcome
                 && error.status().is_server_error()
             {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&**error), "flight failed");
+                tracing::warn!(%fingerprint, error = %error, source = ?std::error::Error::source(&**error), "flight failed");
             }
             guard.complete(outcome);
         }
