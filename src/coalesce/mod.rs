@@ -506,7 +506,6 @@ impl Coalescer {
             span if span.is_disabled() => tracing::Span::current(),
             span => span,
         };
-        let fingerprint = guard.fingerprint().short_hex();
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
         let kind = if refresh { "refresh" } else { "request" };
@@ -523,7 +522,7 @@ impl Coalescer {
             if let Err(error) = &outcome
                 && error.status().is_server_error()
             {
-                tracing::warn!(%fingerprint, error = %error, source = ?std::error::Error::source(&**error), "flight failed");
+                tracing::warn!(fingerprint = %guard.fingerprint().short_hex(), error = %error, source = ?std::error::Error::source(&**error), "flight failed");
             }
             guard.complete(outcome);
         }
