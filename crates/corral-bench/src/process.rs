@@ -212,6 +212,29 @@ async fn copy_lines(
     }
 }
 
+/// `bench-baseline --proxy-to <origin>` (the binary `bin`), a bare pooled
+/// reverse proxy; ready once it prints the address it listens on, within
+/// `deadline`. Its output goes to `log`.
+pub async fn start_proxy_baseline(
+    bin: &Path,
+    origin: &str,
+    log: &Path,
+    deadline: Duration,
+) -> anyhow::Result<Service> {
+    let mut command = Command::new(bin);
+    command
+        .args(["--listen", "127.0.0.1:0", "--proxy-to"])
+        .arg(origin);
+    Service::spawn(
+        "bench-baseline-proxy",
+        command,
+        log,
+        deadline,
+        url_after("bench-baseline listening on "),
+    )
+    .await
+}
+
 /// The URL after `prefix` on a line such as `corral listening on http://…`.
 pub fn url_after(prefix: &'static str) -> impl Fn(&str) -> Option<String> {
     move |line: &str| {

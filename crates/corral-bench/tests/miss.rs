@@ -12,22 +12,16 @@ use corral_bench::{
     suite::{self, Status},
 };
 use mock_upstream::{MockProvider, MockSettings};
-use tokio::process::Command;
 
 /// Bound on the proxy's start on a loaded machine.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
 async fn start_proxy(provider: &MockProvider, logs: &Path) -> Service {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_bench-baseline"));
-    command
-        .args(["--listen", "127.0.0.1:0", "--proxy-to"])
-        .arg(probe::origin_of(&provider.base_url()));
-    Service::spawn(
-        "bench-baseline-proxy",
-        command,
+    process::start_proxy_baseline(
+        Path::new(env!("CARGO_BIN_EXE_bench-baseline")),
+        &probe::origin_of(&provider.base_url()),
         &logs.join("bench-baseline-proxy.log"),
         START_DEADLINE,
-        process::url_after("bench-baseline listening on "),
     )
     .await
     .expect("the proxy starts")

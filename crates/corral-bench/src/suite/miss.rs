@@ -18,7 +18,6 @@ use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Context as _, bail};
 use serde_json::json;
-use tokio::process::Command;
 
 use super::{Bench, START_DEADLINE, ScenarioResult};
 use crate::{
@@ -91,16 +90,11 @@ impl Bench {
 
     /// `bench-baseline --proxy-to` the suite's mock.
     async fn start_proxy_baseline(&self) -> anyhow::Result<Service> {
-        let mut command = Command::new(self.options.bin_dir.join("bench-baseline"));
-        command
-            .args(["--listen", "127.0.0.1:0", "--proxy-to"])
-            .arg(probe::origin_of(&self.mock.ready));
-        Service::spawn(
-            "bench-baseline-proxy",
-            command,
+        process::start_proxy_baseline(
+            &self.options.bin_dir.join("bench-baseline"),
+            &probe::origin_of(&self.mock.ready),
             &self.logs.join("bench-baseline-proxy.log"),
             START_DEADLINE,
-            process::url_after("bench-baseline listening on "),
         )
         .await
     }
