@@ -22,16 +22,11 @@ const AZURE_KEY: &str = "az-east-KEYCANARY-0123456789abcdef";
 const ENTRA_SECRET: &str = "entra-SECRETCANARY-fedcba9876543210";
 const API_VERSION: &str = "2024-10-21";
 
-/// The mock's root, where Azure's `/openai/...` paths and its token endpoint are.
-fn root(mock: &MockProvider) -> String {
-    format!("http://{}", mock.addr())
-}
-
 /// The first upstream an Azure v1 account: `api-key`, `gpt-4o` deployed as `prod-gpt4o`.
 fn azure_v1(config: &mut Config, mock: &MockProvider) {
     let upstream = &mut config.upstreams[0];
     upstream.provider = Some(ProviderKind::Azure);
-    upstream.base_url = format!("{}/openai/v1", root(mock));
+    upstream.base_url = format!("{}/openai/v1", mock.origin());
     upstream.api_key = Some(Secret::new(AZURE_KEY.to_owned()));
     upstream.deployments = [("gpt-4o".to_owned(), "prod-gpt4o".to_owned())].into();
 }
@@ -41,13 +36,13 @@ fn azure_v1(config: &mut Config, mock: &MockProvider) {
 fn azure_entra(config: &mut Config, mock: &MockProvider) {
     let upstream = &mut config.upstreams[0];
     upstream.provider = Some(ProviderKind::Azure);
-    upstream.base_url = format!("{}/openai", root(mock));
+    upstream.base_url = format!("{}/openai", mock.origin());
     upstream.api_version = Some(API_VERSION.to_owned());
     upstream.entra = Some(EntraConfig {
         tenant_id: "tenant-1".to_owned(),
         client_id: "client-1".to_owned(),
         client_secret_env: "AZ_SECRET".to_owned(),
-        authority: root(mock),
+        authority: mock.origin(),
         client_secret: Some(Secret::new(ENTRA_SECRET.to_owned())),
     });
     upstream.deployments = [("gpt-4o".to_owned(), "prod-gpt4o".to_owned())].into();
@@ -211,7 +206,7 @@ async fn a_content_filter_is_the_callers_answer_and_a_filtered_answer_is_not_kep
     let gateway = TestGateway::start_with(first.clone(), |config| {
         azure_v1(config, &first);
         let at = |mock: &MockProvider, name: &str| {
-            let mut account = member(name, format!("{}/openai/v1", root(mock)));
+            let mut account = member(name, format!("{}/openai/v1", mock.origin()));
             account.api_key = Some(Secret::new(AZURE_KEY.to_owned()));
             account.breaker_failures = Some(1);
             account
@@ -428,10 +423,10 @@ upstreams:
 redis:
   url: '{redis}'
 ",
-        root = root(&mock),
+        root = mock.origin(),
         redis = redis.url(),
     );
-    let base = format!("{}/openai", root(&mock));
+    let base = format!("{}/openai", mock.origin());
     let corral = crate::logs::Corral::start_with(
         &yaml,
         &mock,
@@ -496,20 +491,13 @@ redis:
 async fn the_mocks_azure_surface_is_what_the_official_sdk_parses() {
     let python = Python::with_openai().await;
     let mock = MockProvider::start(MockSettings::default()).await.unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/mock-upstream/tests/azure_sdk_check.py");
-    let mut command = python.command();
-    command
-        .arg(&script)
-        .arg(root(&mock))
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
-    let output = crate::sdk::run(command, Duration::from_secs(120), "the Azure SDK check").await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains(" passed, 0 failed"),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let root = mock.origin();
+    python
+        .run_mock_check(
+            "azure_sdk_check.py",
+            &[root.as_ref()],
+            Duration::from_secs(120),
+        )
+        .await;
     assert!(mock.token_requests() >= 1, "the check took an Entra token");
 }

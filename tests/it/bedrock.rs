@@ -57,17 +57,26 @@ fn bedrock_member(name: &str, mock: &MockProvider) -> MemberConfig {
 /// A Bedrock member signing with the mock's test AWS keys.
 fn sigv4_member(name: &str, mock: &MockProvider) -> MemberConfig {
     let mut account = bedrock_member(name, mock);
-    account.aws = Some(AwsConfig {
+    account.aws = Some(aws_keys(
+        BEDROCK_TEST_ACCESS_KEY_ID,
+        BEDROCK_TEST_SECRET_ACCESS_KEY,
+    ));
+    account
+}
+
+/// An account's AWS keys, as the config holds them once read from the
+/// environment (no session token).
+pub(crate) fn aws_keys(access_key_id: &str, secret_access_key: &str) -> AwsConfig {
+    AwsConfig {
         access_key_id_env: "AWS_ACCESS_KEY_ID".to_owned(),
         secret_access_key_env: "AWS_SECRET_ACCESS_KEY".to_owned(),
         session_token_env: None,
         credentials: Some(AwsCredentials {
-            access_key_id: Secret::new(BEDROCK_TEST_ACCESS_KEY_ID.to_owned()),
-            secret_access_key: Secret::new(BEDROCK_TEST_SECRET_ACCESS_KEY.to_owned()),
+            access_key_id: Secret::new(access_key_id.to_owned()),
+            secret_access_key: Secret::new(secret_access_key.to_owned()),
             session_token: None,
         }),
-    });
-    account
+    }
 }
 
 /// The first upstream serves Anthropic's API for `claude-*`.
@@ -405,31 +414,14 @@ async fn bedrocks_throttling_and_model_not_ready_move_the_call_on_and_cool_the_m
 async fn the_mocks_bedrock_surface_is_what_the_official_sdks_parse() {
     let python = Python::with_anthropic_clouds().await;
     let mock = bedrock_mock().await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/mock-upstream/tests/bedrock_sdk_check.py");
-    let mut command = python.command();
-    command
-        .arg(&script)
-        .arg(mock.bedrock_endpoint())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        // The SDKs read no machine's AWS configuration.
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env_remove("AWS_PROFILE")
-        .env_remove("AWS_BEARER_TOKEN_BEDROCK")
-        .env_remove("ANTHROPIC_BEDROCK_BASE_URL")
-        .env("AWS_CONFIG_FILE", "/dev/null")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .env("AWS_EC2_METADATA_DISABLED", "true");
-    let output = crate::sdk::run(command, Duration::from_secs(120), "the Bedrock SDK check").await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains(" passed, 0 failed"),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let endpoint = mock.bedrock_endpoint();
+    python
+        .run_mock_check(
+            "bedrock_sdk_check.py",
+            &[endpoint.as_ref()],
+            Duration::from_secs(120),
+        )
+        .await;
     assert!(
         mock.sigv4_verified() >= 1,
         "the check's signatures were verified"

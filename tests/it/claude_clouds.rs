@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use corral::{
     Config,
-    config::{Affinity, Api, AwsConfig, AwsCredentials, MemberConfig, ProviderKind, Secret},
+    config::{Affinity, Api, MemberConfig, ProviderKind, Secret},
     tenant::key_hash,
 };
 use mock_upstream::{MockProvider, MockSettings};
@@ -138,16 +138,7 @@ fn cloud_pool(config: &mut Config, mock: &MockProvider, nowhere: String) {
     first.api_key = Some(Secret::new("sk-ant-member".to_owned()));
     let mut bedrock = cloud_member("bedrock", nowhere.clone(), Cloud::Bedrock);
     bedrock.region = Some("us-east-1".to_owned());
-    bedrock.aws = Some(AwsConfig {
-        access_key_id_env: "AWS_KEY_ID".to_owned(),
-        secret_access_key_env: "AWS_SECRET".to_owned(),
-        session_token_env: None,
-        credentials: Some(AwsCredentials {
-            access_key_id: Secret::new("AKIDEXAMPLE".to_owned()),
-            secret_access_key: Secret::new("not-a-real-secret".to_owned()),
-            session_token: None,
-        }),
-    });
+    bedrock.aws = Some(crate::bedrock::aws_keys("AKIDEXAMPLE", "not-a-real-secret"));
     bedrock.priority = 1;
     let mut vertex = cloud_member("vertex", nowhere, Cloud::Vertex);
     vertex.service_account = Some(Secret::new(mock.service_account_json()));

@@ -20,7 +20,7 @@ async fn no_aws_secret_session_token_service_account_key_or_token_leaves_corral(
     let mock = MockProvider::start(MockSettings::default()).await.unwrap();
     mock.set_aws_credentials(AwsCredentials::new(AWS_ID, AWS_SECRET).with_session_token(AWS_TOKEN));
     let service_account = mock.service_account_json();
-    let root = format!("http://{}", mock.addr());
+    let root = mock.origin();
     let yaml = format!(
         "listen: 127.0.0.1:0
 upstreams:

@@ -5,7 +5,7 @@
 
 use corral::{
     Config,
-    config::{Affinity, Api, AwsConfig, AwsCredentials, ProviderKind, Secret},
+    config::{Affinity, Api, ProviderKind, Secret},
     tenant::key_hash,
 };
 use reqwest::StatusCode;
@@ -41,16 +41,7 @@ fn anthropic_pool(config: &mut Config, mock: &mock_upstream::MockProvider) {
     bedrock.provider = Some(ProviderKind::Bedrock);
     bedrock.api_key = None;
     bedrock.region = Some("us-east-1".to_owned());
-    bedrock.aws = Some(AwsConfig {
-        access_key_id_env: "AWS_KEY_ID".to_owned(),
-        secret_access_key_env: "AWS_SECRET".to_owned(),
-        session_token_env: None,
-        credentials: Some(AwsCredentials {
-            access_key_id: Secret::new("AKIDEXAMPLE".to_owned()),
-            secret_access_key: Secret::new("not-a-real-secret".to_owned()),
-            session_token: None,
-        }),
-    });
+    bedrock.aws = Some(crate::bedrock::aws_keys("AKIDEXAMPLE", "not-a-real-secret"));
     bedrock.deployments = [(PUBLIC.to_owned(), BEDROCK_ID.to_owned())].into();
     bedrock.priority = 1;
     let mut vertex = member(

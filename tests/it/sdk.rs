@@ -468,11 +468,34 @@ impl Python {
         let script = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/sdk")
             .join(script);
-        let mut command = self.command();
+        let mut command = self.isolated_command();
         command
             .arg(&script)
             .arg(format!("{base_url}/v1"))
-            .args(args)
+            .args(args);
+        let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "the SDK script {} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+            script.display(),
+            output.status
+        );
+        let results: Value = stdout
+            .lines()
+            .rev()
+            .find(|line| !line.trim().is_empty())
+            .and_then(|line| serde_json::from_str(line).ok())
+            .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
+        (results, stderr)
+    }
+
+    /// `python3` as the SDK scripts run it: no proxy for loopback, and none
+    /// of the machine's keys, base URLs or AWS configuration.
+    pub(crate) fn isolated_command(&self) -> Command {
+        let mut command = self.command();
+        command
             // The SDK (httpx) honours proxy variables; loopback must not go through one.
             .env("NO_PROXY", "127.0.0.1,localhost")
             .env("no_proxy", "127.0.0.1,localhost")
@@ -491,26 +514,37 @@ impl Python {
             .env_remove("AWS_BEARER_TOKEN_BEDROCK")
             .env_remove("ANTHROPIC_BEDROCK_BASE_URL")
             .env_remove("ANTHROPIC_VERTEX_BASE_URL")
+            // google-auth would otherwise look for the machine's own credentials.
+            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+            .env_remove("GOOGLE_CLOUD_PROJECT")
             // boto3 reads no machine's config or credentials files.
             .env("AWS_CONFIG_FILE", "/dev/null")
             .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
             .env("AWS_EC2_METADATA_DISABLED", "true");
-        let output = run(command, SCRIPT_TIMEOUT, "the SDK script").await;
+        command
+    }
+
+    /// Runs one of the mock's SDK checks (`crates/mock-upstream/tests/<script>`,
+    /// given `args`) within `timeout` and asserts every check passed.
+    pub(crate) async fn run_mock_check(
+        &self,
+        script: &str,
+        args: &[&std::ffi::OsStr],
+        timeout: Duration,
+    ) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/mock-upstream/tests")
+            .join(script);
+        let mut command = self.isolated_command();
+        command.arg(&script).args(args);
+        let output = run(command, timeout, "the mock's SDK check").await;
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(
-            output.status.success(),
-            "the SDK script {} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+            output.status.success() && stdout.contains(" passed, 0 failed"),
+            "{}: stdout: {stdout}\nstderr: {}",
             script.display(),
-            output.status
+            String::from_utf8_lossy(&output.stderr)
         );
-        let results: Value = stdout
-            .lines()
-            .rev()
-            .find(|line| !line.trim().is_empty())
-            .and_then(|line| serde_json::from_str(line).ok())
-            .unwrap_or_else(|| panic!("no JSON line on stdout: {stdout}\nstderr: {stderr}"));
-        (results, stderr)
     }
 
     pub(crate) fn command(&self) -> Command {

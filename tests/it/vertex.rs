@@ -29,15 +29,11 @@ const GEMINI: &str = "gemini-2.5-flash";
 /// Where the member's project and location are, below the mock's root.
 const LOCATION: &str = "/v1/projects/mock-project/locations/us-east5";
 
-fn root(mock: &MockProvider) -> String {
-    format!("http://{}", mock.addr())
-}
-
 /// The first upstream, speaking `api`, made a pool of one Vertex AI account
 /// at the mock: its service account's key, Claude's public name deployed as
 /// Vertex's versioned id.
 fn vertex_pool(config: &mut Config, mock: &MockProvider, api: Api) {
-    let mut account = member("vertex-east", format!("{}{LOCATION}", root(mock)));
+    let mut account = member("vertex-east", format!("{}{LOCATION}", mock.origin()));
     account.provider = Some(ProviderKind::Vertex);
     account.api_key = None;
     account.service_account = Some(Secret::new(mock.service_account_json()));
@@ -46,8 +42,8 @@ fn vertex_pool(config: &mut Config, mock: &MockProvider, api: Api) {
     upstream.name = "vertex".into();
     upstream.api = api;
     upstream.base_url = match api {
-        Api::Gemini => format!("{}/v1beta", root(mock)),
-        _ => root(mock) + "/v1",
+        Api::Gemini => format!("{}/v1beta", mock.origin()),
+        _ => mock.origin() + "/v1",
     };
     upstream.api_key = None;
     upstream.members = vec![account];
@@ -89,23 +85,38 @@ fn assert_vertex_claude_call(request: &RecordedRequest) {
     assert_eq!(request.header("x-api-key"), None, "never the caller's key");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_anthropic_client_reaches_claude_on_a_vertex_member_and_fifty_make_one_call() {
-    let python = Python::with_anthropic().await;
+/// A gateway whose first upstream is a Vertex AI member speaking `api`, and
+/// what `tests/sdk/vertex_members.py <args>` reported through it (an answer
+/// with text), with the context to print on a failed assertion.
+async fn through_a_vertex_member(
+    python: Python,
+    api: Api,
+    args: &[&str],
+) -> (MockProvider, TestGateway, Value, String) {
     let mock = MockProvider::start(MockSettings::default()).await.unwrap();
     let gateway = TestGateway::start_with(mock.clone(), |config| {
-        vertex_pool(config, &mock, Api::Anthropic);
+        vertex_pool(config, &mock, api);
     })
     .await;
-
     let (results, stderr) = python
-        .run_script_with("vertex_members.py", &gateway.url, &["claude", CALLER_KEY])
+        .run_script_with("vertex_members.py", &gateway.url, args)
         .await;
     let context = format!("results: {results}\nstderr: {stderr}");
     assert!(
         !results["text"].as_str().unwrap_or_default().is_empty(),
         "{context}"
     );
+    (mock, gateway, results, context)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_client_reaches_claude_on_a_vertex_member_and_fifty_make_one_call() {
+    let (mock, gateway, results, context) = through_a_vertex_member(
+        Python::with_anthropic().await,
+        Api::Anthropic,
+        &["claude", CALLER_KEY],
+    )
+    .await;
     assert_eq!(results["stop_reason"], "end_turn", "{context}");
     assert!(results["input_tokens"].as_u64() > Some(0), "{context}");
     let types = results["stream_types"].as_array().expect("stream events");
@@ -174,21 +185,12 @@ async fn an_anthropic_client_reaches_claude_on_a_vertex_member_and_fifty_make_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_google_genai_client_reaches_gemini_on_a_vertex_member() {
-    let python = Python::with_google_genai().await;
-    let mock = MockProvider::start(MockSettings::default()).await.unwrap();
-    let gateway = TestGateway::start_with(mock.clone(), |config| {
-        vertex_pool(config, &mock, Api::Gemini);
-    })
+    let (mock, gateway, results, context) = through_a_vertex_member(
+        Python::with_google_genai().await,
+        Api::Gemini,
+        &["gemini", GEMINI_KEY],
+    )
     .await;
-
-    let (results, stderr) = python
-        .run_script_with("vertex_members.py", &gateway.url, &["gemini", GEMINI_KEY])
-        .await;
-    let context = format!("results: {results}\nstderr: {stderr}");
-    assert!(
-        !results["text"].as_str().unwrap_or_default().is_empty(),
-        "{context}"
-    );
     assert_eq!(results["model_version"], GEMINI, "{context}");
     assert!(results["prompt_tokens"].as_u64() > Some(0), "{context}");
     assert!(results["stream_chunks"].as_u64() > Some(1), "{context}");
@@ -322,27 +324,14 @@ async fn the_mocks_vertex_surface_is_what_the_official_sdks_parse() {
     let mock = MockProvider::start(MockSettings::default()).await.unwrap();
     let key_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key_file.path(), mock.service_account_json()).unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/mock-upstream/tests/vertex_sdk_check.py");
-    let mut command = python.command();
-    command
-        .arg(&script)
-        .arg(root(&mock))
-        .arg(key_file.path())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost")
-        // google-auth would otherwise look for the machine's own credentials.
-        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
-        .env_remove("GOOGLE_CLOUD_PROJECT")
-        .env_remove("ANTHROPIC_VERTEX_BASE_URL")
-        .env_remove("GOOGLE_GENAI_USE_VERTEXAI");
-    let output = crate::sdk::run(command, WAIT * 4, "the Vertex SDK check").await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains(" passed, 0 failed"),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let root = mock.origin();
+    python
+        .run_mock_check(
+            "vertex_sdk_check.py",
+            &[root.as_ref(), key_file.path().as_os_str()],
+            WAIT * 4,
+        )
+        .await;
     assert!(mock.google_token_requests() >= 1, "the check took tokens");
     let paths: Vec<String> = mock.requests().into_iter().map(|r| r.path).collect();
     for method in ["rawPredict", "streamRawPredict"] {

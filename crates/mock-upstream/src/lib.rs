@@ -319,10 +319,17 @@ impl MockProvider {
         self.inner.addr
     }
 
-    /// The Azure OpenAI endpoint of this mock, `http://127.0.0.1:PORT` (what
+    /// The origin of this mock, `http://127.0.0.1:PORT`, below which every
+    /// provider's surface it speaks is rooted (Azure's `/openai`, Vertex's
+    /// `/v1/projects/...`, the token endpoints).
+    pub fn origin(&self) -> String {
+        format!("http://{}", self.inner.addr)
+    }
+
+    /// The Azure OpenAI endpoint of this mock, its origin (what
     /// `AzureOpenAI(azure_endpoint=...)` takes; the v1 base URL is this plus `/openai/v1`).
     pub fn azure_endpoint(&self) -> String {
-        format!("http://{}", self.inner.addr)
+        self.origin()
     }
 
     /// The Entra token URL of `tenant` on this mock, in place of
