@@ -201,19 +201,21 @@ impl Account {
 
     /// The account's key as a header value, marked sensitive.
     fn key_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
-        Self::made(self.api_key.is_some(), &self.key_header)
+        self.key_header_made_once(&self.key_header)
     }
 
     /// `Bearer <the account's key>`, marked sensitive.
     fn bearer_value(&self) -> Result<Option<HeaderValue>, GatewayError> {
-        Self::made(self.api_key.is_some(), &self.bearer_header)
+        self.key_header_made_once(&self.bearer_header)
     }
 
-    fn made(
-        has_key: bool,
+    /// A header made of the key when the account was made: none without a
+    /// key, an error for a key that is no header value.
+    fn key_header_made_once(
+        &self,
         value: &Option<HeaderValue>,
     ) -> Result<Option<HeaderValue>, GatewayError> {
-        match (has_key, value) {
+        match (self.api_key.is_some(), value) {
             (false, _) => Ok(None),
             (true, Some(value)) => Ok(Some(value.clone())),
             (true, None) => Err(invalid_key()),
