@@ -305,30 +305,37 @@ impl FlightGuard {
         self.stream.clone()
     }
 
-    /// Hands the outcome to every waiter, then ends the flight. Callers must
+    /// Ends the flight, then hands the outcome to every waiter. Callers must
     /// have written the cache first, so that whoever arrives after the flight
-    /// is gone finds the entry.
+    /// is gone finds the entry. The flight leaves the table before any waiter
+    /// wakes: a caller that starts once the owner has answered (a client's
+    /// next request) never joins an ended flight and takes its answer (one
+    /// not stored, a filtered or sampled one, is its own call again).
     pub fn complete(self, outcome: Outcome) {
+        self.leave_table();
         self.sender.send_replace(Some(outcome));
+    }
+
+    /// Removes the flight from the table, if it is still there under its
+    /// key (a new one may already stand there if waiters of an abandoned
+    /// flight elected a new owner).
+    fn leave_table(&self) {
+        let mut map = self.shared.map();
+        let removed = map
+            .get(&self.fingerprint)
+            .is_some_and(|flight| Arc::ptr_eq(flight, &self.flight))
+            && map.remove(&self.fingerprint).is_some();
+        let now_idle = removed && map.is_empty();
+        drop(map);
+        if now_idle {
+            self.shared.idle.notify_waiters();
+        }
     }
 }
 
 impl Drop for FlightGuard {
     fn drop(&mut self) {
-        let mut map = self.shared.map();
-        // Remove only our own flight: a new one may already stand under the key
-        // if waiters of an abandoned flight elected a new owner.
-        if map
-            .get(&self.fingerprint)
-            .is_some_and(|flight| Arc::ptr_eq(flight, &self.flight))
-        {
-            map.remove(&self.fingerprint);
-        }
-        let now_idle = map.is_empty();
-        drop(map);
-        if now_idle {
-            self.shared.idle.notify_waiters();
-        }
+        self.leave_table();
         // The sender drops after this: if no outcome was sent, waiters see the
         // channel close and compete to own a new flight.
     }
