@@ -37,7 +37,10 @@ use std::{
     time::Duration,
 };
 
-use tracing_subscriber::{EnvFilter, fmt, fmt::MakeWriter};
+use tracing_subscriber::{
+    EnvFilter, Layer, Registry, filter::Targets, fmt, fmt::MakeWriter, layer::SubscriberExt as _,
+    util::SubscriberInitExt as _,
+};
 
 use crate::config::LogFormat;
 
@@ -84,20 +87,63 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         writer: writer.clone(),
         format,
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let levels = Levels::of(std::env::var("RUST_LOG").ok().as_deref()).into_layer();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = fmt()
-        .with_env_filter(filter)
+    let lines = fmt::layer()
         .with_target(false)
         .with_ansi(ansi)
         .with_writer(writer);
+    let subscriber = tracing_subscriber::registry().with(levels);
     let installed = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => subscriber.with(lines).try_init(),
+        LogFormat::Json => subscriber.with(lines.json().flatten_event(true)).try_init(),
     };
     let guard = installed.ok().map(|()| guard)?;
     let _ = ACCESS_LOG.set(access);
     Some(guard)
+}
+
+/// Which lines `RUST_LOG` lets through (`info` when it is unset or not a
+/// filter).
+#[derive(Debug)]
+enum Levels {
+    /// Targets and levels only (`info`, `corral=debug,hyper=warn`): decided
+    /// once per call site.
+    Static(Box<Targets>),
+    /// A directive on spans or fields (`[request]=debug`), which `EnvFilter`
+    /// alone reads. It also looks every span up on each enter and exit (a
+    /// lock and a map lookup per poll of every instrumented future, a visible
+    /// part of a miss's CPU: BENCHMARKS.md, issue 41), so it is used only
+    /// when the directives need it.
+    Dynamic(Box<EnvFilter>),
+}
+
+impl Levels {
+    fn of(directives: Option<&str>) -> Self {
+        let Some(directives) = directives else {
+            return Self::Static(Box::new(Targets::new().with_default(tracing::Level::INFO)));
+        };
+        let Ok(filter) = EnvFilter::try_new(directives) else {
+            return Self::Dynamic(Box::new(EnvFilter::new("info")));
+        };
+        // `Targets` would read a span directive's brackets as part of a
+        // target; an empty filter stays `EnvFilter`'s to read, as before.
+        match directives.contains('[') || directives.trim().is_empty() {
+            false => directives
+                .parse::<Targets>()
+                .map_or(Self::Dynamic(Box::new(filter)), |targets| {
+                    Self::Static(Box::new(targets))
+                }),
+            true => Self::Dynamic(Box::new(filter)),
+        }
+    }
+
+    fn into_layer(self) -> Box<dyn Layer<Registry> + Send + Sync> {
+        match self {
+            Self::Static(targets) => targets,
+            Self::Dynamic(filter) => filter,
+        }
+    }
 }
 
 /// The access log, once `init` installed the subscriber; `None` before (a
@@ -485,6 +531,7 @@ impl<'a> MakeWriter<'a> for BatchWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::Level;
 
     /// A sink the test can read, and wait on until it holds some text.
     #[derive(Clone, Default)]
@@ -722,6 +769,44 @@ mod tests {
             let mut out = Vec::new();
             write_latency_ms(&mut out, Duration::from_micros(micros));
             assert_eq!(String::from_utf8(out).unwrap(), text);
+        }
+    }
+
+    /// Targets and levels get the filter that decides once per call site,
+    /// with `EnvFilter`'s meaning; span directives and bad filters keep
+    /// `EnvFilter` (the latter at `info`, as before).
+    #[test]
+    fn rust_log_picks_the_filter_its_directives_need() {
+        let enables =
+            |directives: Option<&str>, target: &str, level: Level| match Levels::of(directives) {
+                Levels::Static(targets) => targets.would_enable(target, &level),
+                Levels::Dynamic(filter) => panic!("{directives:?} needs no EnvFilter: {filter}"),
+            };
+        assert!(enables(None, "corral::dedup", Level::INFO));
+        assert!(!enables(None, "corral::dedup", Level::DEBUG));
+        assert!(enables(
+            Some("info,corral=debug"),
+            "corral::dedup",
+            Level::DEBUG
+        ));
+        assert!(!enables(
+            Some("info,corral=debug"),
+            "hyper::proto",
+            Level::DEBUG
+        ));
+        assert!(enables(Some("warn"), "corral", Level::WARN));
+        assert!(!enables(Some("warn"), "corral", Level::INFO));
+        assert!(!enables(Some("corral=debug"), "hyper", Level::ERROR));
+        for dynamic in [
+            "[request]=debug",
+            "corral[request{path}]=debug",
+            "",
+            "not=a=filter",
+        ] {
+            assert!(
+                matches!(Levels::of(Some(dynamic)), Levels::Dynamic(_)),
+                "{dynamic:?}"
+            );
         }
     }
 }

@@ -6,6 +6,7 @@ mod batch;
 mod cluster;
 mod failures;
 mod flight;
+mod owned;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -21,6 +22,7 @@ pub use flight::{
     FlightGuard, Flights, LiveLog, Mirror, Outcome, RemoteReaders, Role, StreamPublisher, Waited,
     WaiterTicket,
 };
+use owned::{FlightFuture, OwnedFlight};
 
 use crate::cache_status::CacheStatus;
 use crate::{
@@ -322,15 +324,34 @@ impl Coalescer {
                 self.config.max_waiters,
                 self.config.max_total_waiters,
             )?;
-            let (ticket, owner) = match joined {
+            // A buffered owner runs its flight on its own task (`owned.rs`);
+            // a streamed one spawns it, to read the live log it writes.
+            let (ticket, owner, mut owned) = match joined {
                 Role::Owner(guard, ticket) => {
                     guard.set_sends(loader.sends);
-                    self.spawn_flight(guard, key.clone(), policy, loader.clone(), live, false);
-                    (ticket, true)
+                    let inline = live.is_none();
+                    let flight = self.flight(
+                        guard,
+                        key.clone(),
+                        policy,
+                        loader.clone(),
+                        live,
+                        Start::Owner { inline },
+                    );
+                    let owned = if inline {
+                        Some(OwnedFlight::new(flight, self.tasks.clone()))
+                    } else {
+                        self.tasks.spawn(flight);
+                        None
+                    };
+                    (ticket, true, owned)
                 }
-                Role::Follower(ticket) => (ticket, false),
+                Role::Follower(ticket) => (ticket, false, None),
             };
-            let mut waited = ticket.wait_for(deadline, live.is_some()).await;
+            let mut waited = match owned.as_mut() {
+                Some(flight) => flight.run_until(deadline, &ticket).await,
+                None => ticket.wait_for(deadline, live.is_some()).await,
+            };
             if matches!(waited, Waited::TimedOut)
                 && owner
                 && self.config.on_wait_timeout == OnWaitTimeout::OwnCall
@@ -341,8 +362,14 @@ impl Coalescer {
                 // timeouts, `retry.deadline`; a flight that followed another
                 // instance's is making its own call now, `cluster.rs`).
                 let ended = tokio::time::Instant::now() + OWN_CALL_BOUND;
-                waited = ticket.wait_for(ended, live.is_some()).await;
+                waited = match owned.as_mut() {
+                    Some(flight) => flight.run_until(ended, &ticket).await,
+                    None => ticket.wait_for(ended, live.is_some()).await,
+                };
             }
+            // An owner that stops waiting lets its flight finish on a task of
+            // its own, for the followers and the cache.
+            drop(owned);
             if !owner && let Some(flight) = ticket.flight_trace() {
                 traces::link_flight(flight);
             }
@@ -482,41 +509,49 @@ impl Coalescer {
                 revalidate: false,
                 coalesce: true,
             };
-            self.spawn_flight(guard, key, policy, loader, None, true);
+            self.tasks
+                .spawn(self.flight(guard, key, policy, loader, None, Start::Refresh));
         }
     }
 
-    /// Runs the flight on its own task, so the upstream call and the cache
-    /// write finish even when the owner's client disconnects.
-    fn spawn_flight(
+    /// The flight for `key`: the upstream call, the cache write, and its
+    /// outcome published to its waiters through `guard`. Spawned, or run by
+    /// its owner (`start`, see `owned.rs`); either way it finishes when
+    /// every caller has gone.
+    fn flight(
         &self,
         guard: FlightGuard,
         key: CacheKey,
         policy: CachePolicy,
         loader: Loader,
         live: Option<Format>,
-        refresh: bool,
-    ) {
+        start: Start,
+    ) -> FlightFuture {
         let context = self.context.clone();
         // A span of its own at DEBUG (making and closing one is a visible
         // part of a miss's CPU); at INFO the flight runs in its caller's
-        // request span, and its warning names the key itself.
+        // request span (where its owner runs it, it is in that span already),
+        // and its warning names the key itself.
         let span = match tracing::debug_span!("flight", fingerprint = %guard.fingerprint().short_hex())
         {
-            span if span.is_disabled() => tracing::Span::current(),
-            span => span,
+            span if !span.is_disabled() => Some(span),
+            _ if start == (Start::Owner { inline: true }) => None,
+            _ => Some(tracing::Span::current()),
         };
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
-        let kind = if refresh { "refresh" } else { "request" };
+        let kind = match start {
+            Start::Refresh => "refresh",
+            Start::Owner { .. } => "request",
+        };
         let traced = traces::flight_context(&guard.fingerprint(), kind).map(|(cx, name)| {
             guard.set_trace(name);
             cx
         });
         let publisher = guard.stream_publisher().with_live(live);
         let flight = async move {
-            // Boxed when it starts: the task's own future stays small, and
-            // spawning it moves a few words, not the flight's kilobytes.
+            // Boxed when it starts: the flight's own future stays small, and
+            // moving it to a task moves a few words, not its kilobytes.
             let outcome = Box::pin(run_flight(&context, &key, policy, loader, publisher)).await;
             // Once a flight, however many callers its error answers.
             if let Err(error) = &outcome
@@ -525,13 +560,23 @@ impl Coalescer {
                 tracing::warn!(fingerprint = %guard.fingerprint().short_hex(), error = %error, source = ?std::error::Error::source(&**error), "flight failed");
             }
             guard.complete(outcome);
-        }
-        .instrument(span);
-        match traced {
-            None => self.tasks.spawn(flight),
-            Some(cx) => self.tasks.spawn(flight.with_context(cx)),
         };
+        match (span, traced) {
+            (None, None) => Box::pin(flight),
+            (Some(span), None) => Box::pin(flight.instrument(span)),
+            (None, Some(cx)) => Box::pin(flight.with_context(cx)),
+            (Some(span), Some(cx)) => Box::pin(flight.instrument(span).with_context(cx)),
+        }
     }
+}
+
+/// Who starts a flight, and where it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// A caller's request; `inline`: on the owner's own task (`owned.rs`).
+    Owner { inline: bool },
+    /// A background refresh of a cached entry, on a task of its own.
+    Refresh,
 }
 
 async fn run_flight(

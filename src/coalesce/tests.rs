@@ -188,3 +188,132 @@ async fn a_follower_whose_max_age_the_entry_exceeds_gets_a_fresh_answer() {
     assert_eq!(calls, 0);
     assert_eq!(&follower.response.body[..], b"stored");
 }
+
+/// A loader that answers "fresh" once `gate` opens, counting its calls.
+fn gated(calls: &Arc<AtomicUsize>, gate: &watch::Sender<bool>) -> Loader {
+    let (calls, gate) = (calls.clone(), gate.clone());
+    Loader::new(Sent::of(false, b"{}"), move |_call| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let mut open = gate.subscribe();
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+            Ok(Loaded {
+                response: answer("fresh"),
+                cacheable: true,
+                compute_time: Duration::from_millis(5),
+                events: Vec::new(),
+                retained_under: None,
+                stored_under: None,
+            })
+        })
+    })
+}
+
+fn open_store() -> Arc<GatedStore> {
+    Arc::new(GatedStore {
+        inner: MemoryStore::new(1 << 20),
+        open: watch::Sender::new(true),
+    })
+}
+
+/// The owner runs its flight on its own task (`owned.rs`); when the owner
+/// goes away mid-call (its client hung up), the flight goes on on a task of
+/// its own: the follower is answered by the one call, and the cache keeps it.
+#[tokio::test]
+async fn a_flight_outlives_its_owner_going_away() {
+    let store = open_store();
+    let coalescer = Arc::new(coalescer(store.clone()));
+    let key = CacheKey::for_tests(TenantScope::global(), b"{}");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = watch::Sender::new(false);
+    let fly = || {
+        let (coalescer, key, loader) = (coalescer.clone(), key.clone(), gated(&calls, &gate));
+        tokio::spawn(async move { coalescer.fly(key, policy(true, None), loader, None).await })
+    };
+    let owner = fly();
+    let mut waiters = coalescer.flights().waiters();
+    waiters.wait_for(|n| *n >= 1).await.unwrap();
+    let follower = fly();
+    waiters.wait_for(|n| *n >= 2).await.unwrap();
+    owner.abort();
+    assert!(owner.await.unwrap_err().is_cancelled());
+    gate.send_replace(true);
+    let Answer::Complete(served) = follower.await.unwrap().unwrap() else {
+        panic!("no stream here");
+    };
+    assert_eq!(served.status, CacheStatus::Coalesced);
+    assert_eq!(&served.response.body[..], b"fresh");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one call for both");
+    let stored = store
+        .inner
+        .get(&key)
+        .await
+        .expect("the flight stored its answer");
+    assert_eq!(&stored.response.body[..], b"fresh");
+    coalescer.flights().idle().await;
+}
+
+/// A flight that panics on its owner's task ends only the flight, as it
+/// would end only a task of its own: the owner sees it abandoned, is elected
+/// again, and its second call answers.
+#[tokio::test]
+async fn a_panicking_flight_is_abandoned_and_its_owner_elected_again() {
+    let coalescer = coalescer(open_store());
+    let key = CacheKey::for_tests(TenantScope::global(), b"{}");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let loader = Loader::new(Sent::of(false, b"{}"), move |_call| {
+        let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+        Box::pin(async move {
+            assert!(!first, "the first call panics");
+            Ok(Loaded {
+                response: answer("fresh"),
+                cacheable: true,
+                compute_time: Duration::from_millis(5),
+                events: Vec::new(),
+                retained_under: None,
+                stored_under: None,
+            })
+        })
+    });
+    let Answer::Complete(served) = coalescer
+        .fly(key, policy(true, None), loader, None)
+        .await
+        .unwrap()
+    else {
+        panic!("no stream here");
+    };
+    assert_eq!(served.status, CacheStatus::Miss);
+    assert_eq!(&served.response.body[..], b"fresh");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(coalescer.flights().in_flight(), 0);
+}
+
+/// An owner whose wait runs out (`coalesce.wait_timeout`, answered 504 under
+/// `on_wait_timeout: error`) stops waiting, not its flight: the call ends on
+/// a task of its own and its answer is stored for the next caller.
+#[tokio::test(start_paused = true)]
+async fn an_owner_that_times_out_leaves_its_flight_to_store_the_answer() {
+    let store = open_store();
+    let coalescer = coalescer(store.clone());
+    let key = CacheKey::for_tests(TenantScope::global(), b"{}");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = watch::Sender::new(false);
+    let waited = coalescer
+        .fly(key.clone(), policy(true, None), gated(&calls, &gate), None)
+        .await;
+    assert!(matches!(
+        waited.as_ref().map_err(|error| &**error),
+        Err(GatewayError::WaitTimedOut)
+    ));
+    assert_eq!(coalescer.flights().in_flight(), 1, "the flight still runs");
+    gate.send_replace(true);
+    coalescer.flights().idle().await;
+    let stored = store
+        .inner
+        .get(&key)
+        .await
+        .expect("the flight stored its answer");
+    assert_eq!(&stored.response.body[..], b"fresh");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
