@@ -80,21 +80,24 @@ fn answer(text: &'static str) -> StoredResponse {
     }
 }
 
+/// The loaders' answer: "fresh", cacheable.
+fn fresh() -> Loaded {
+    Loaded {
+        response: answer("fresh"),
+        cacheable: true,
+        compute_time: Duration::from_millis(5),
+        events: Vec::new(),
+        retained_under: None,
+        stored_under: None,
+    }
+}
+
 /// A loader that answers "fresh" and counts its calls.
 fn counting(calls: &Arc<AtomicUsize>) -> Loader {
     let calls = calls.clone();
     Loader::new(Sent::of(false, b"{}"), move |_call| {
         calls.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async {
-            Ok(Loaded {
-                response: answer("fresh"),
-                cacheable: true,
-                compute_time: Duration::from_millis(5),
-                events: Vec::new(),
-                retained_under: None,
-                stored_under: None,
-            })
-        })
+        Box::pin(async { Ok(fresh()) })
     })
 }
 
@@ -197,16 +200,19 @@ fn gated(calls: &Arc<AtomicUsize>, gate: &watch::Sender<bool>) -> Loader {
         let mut open = gate.subscribe();
         Box::pin(async move {
             let _ = open.wait_for(|open| *open).await;
-            Ok(Loaded {
-                response: answer("fresh"),
-                cacheable: true,
-                compute_time: Duration::from_millis(5),
-                events: Vec::new(),
-                retained_under: None,
-                stored_under: None,
-            })
+            Ok(fresh())
         })
     })
+}
+
+/// The flight stored the loaders' answer under `key`.
+async fn assert_stored_fresh(store: &GatedStore, key: &CacheKey) {
+    let stored = store
+        .inner
+        .get(key)
+        .await
+        .expect("the flight stored its answer");
+    assert_eq!(&stored.response.body[..], b"fresh");
 }
 
 fn open_store() -> Arc<GatedStore> {
@@ -244,12 +250,7 @@ async fn a_flight_outlives_its_owner_going_away() {
     assert_eq!(served.status, CacheStatus::Coalesced);
     assert_eq!(&served.response.body[..], b"fresh");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "one call for both");
-    let stored = store
-        .inner
-        .get(&key)
-        .await
-        .expect("the flight stored its answer");
-    assert_eq!(&stored.response.body[..], b"fresh");
+    assert_stored_fresh(&store, &key).await;
     coalescer.flights().idle().await;
 }
 
@@ -266,14 +267,7 @@ async fn a_panicking_flight_is_abandoned_and_its_owner_elected_again() {
         let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
         Box::pin(async move {
             assert!(!first, "the first call panics");
-            Ok(Loaded {
-                response: answer("fresh"),
-                cacheable: true,
-                compute_time: Duration::from_millis(5),
-                events: Vec::new(),
-                retained_under: None,
-                stored_under: None,
-            })
+            Ok(fresh())
         })
     });
     let Answer::Complete(served) = coalescer
@@ -309,11 +303,6 @@ async fn an_owner_that_times_out_leaves_its_flight_to_store_the_answer() {
     assert_eq!(coalescer.flights().in_flight(), 1, "the flight still runs");
     gate.send_replace(true);
     coalescer.flights().idle().await;
-    let stored = store
-        .inner
-        .get(&key)
-        .await
-        .expect("the flight stored its answer");
-    assert_eq!(&stored.response.body[..], b"fresh");
+    assert_stored_fresh(&store, &key).await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
