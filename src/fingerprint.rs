@@ -247,7 +247,9 @@ impl Fingerprint {
     pub fn hex(&self) -> String {
         let mut text = [0u8; 64];
         hex::encode_to_slice(self.0, &mut text).expect("64 hex digits for 32 bytes");
-        String::from_utf8_lossy(&text).into_owned()
+        std::str::from_utf8(&text)
+            .expect("hex digits are ASCII")
+            .to_owned()
     }
 
     /// The first 12 hex digits: enough to find a request's siblings in logs,

@@ -74,7 +74,11 @@ impl TenantScope {
         let mut text = [0u8; 33];
         text[0] = tag;
         hex::encode_to_slice(&digest[..16], &mut text[1..]).expect("32 hex digits for 16 bytes");
-        Self(String::from_utf8_lossy(&text).into())
+        Self(
+            std::str::from_utf8(&text)
+                .expect("a tag byte and hex digits are ASCII")
+                .into(),
+        )
     }
 
     pub fn global() -> Self {

@@ -63,7 +63,8 @@ pub enum Recall {
 /// Transient failures by key (see the module doc).
 #[derive(Debug)]
 pub struct FailureMemory {
-    failures: Cache<Fingerprint, Arc<Failure>>,
+    /// foldhash, not SipHash: every miss reads and settles its key here.
+    failures: Cache<Fingerprint, Arc<Failure>, foldhash::fast::RandomState>,
     /// The quiet time of a failure whose provider sent no `Retry-After`.
     quiet: Duration,
 }
@@ -83,7 +84,7 @@ impl FailureMemory {
                     u32::try_from(body + 256).unwrap_or(u32::MAX)
                 })
                 .time_to_live(FAILING_FOR)
-                .build(),
+                .build_with_hasher(foldhash::fast::RandomState::default()),
             quiet,
         }
     }

@@ -42,9 +42,12 @@ struct Flight {
     sends: OnceLock<Sent>,
 }
 
+type FlightMap = HashMap<Fingerprint, Arc<Flight>, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default)]
 struct FlightTable {
-    map: Mutex<HashMap<Fingerprint, Arc<Flight>>>,
+    /// foldhash, not SipHash: every miss looks its key up three times.
+    map: Mutex<FlightMap>,
     /// Callers waiting on any flight, observable (gauges, tests awaiting a herd).
     waiters: watch::Sender<usize>,
     /// Signalled whenever the last flight ends.
@@ -52,7 +55,7 @@ struct FlightTable {
 }
 
 impl FlightTable {
-    fn map(&self) -> MutexGuard<'_, HashMap<Fingerprint, Arc<Flight>>> {
+    fn map(&self) -> MutexGuard<'_, FlightMap> {
         // A panic while holding this lock cannot leave the map inconsistent
         // (every critical section is a single insert, get or remove).
         self.map
@@ -116,7 +119,7 @@ impl Flights {
 
     fn start_locked(
         &self,
-        map: &mut HashMap<Fingerprint, Arc<Flight>>,
+        map: &mut FlightMap,
         fingerprint: Fingerprint,
     ) -> (FlightGuard, Arc<Flight>) {
         let (sender, result) = watch::channel(None);

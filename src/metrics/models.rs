@@ -94,11 +94,15 @@ impl ModelLabel {
     }
 }
 
+/// Labels by lower-cased name; foldhash, not SipHash: every answer looks
+/// its model up.
+type Names = HashMap<String, ModelLabel, foldhash::fast::RandomState>;
+
 /// One source of prices: exact names and globs.
 #[derive(Debug, Default)]
 struct Layer {
     /// Lower-cased exact names.
-    exact: HashMap<String, ModelLabel>,
+    exact: Names,
     /// Globs, in the order written.
     globs: Vec<(Pattern, ModelLabel)>,
 }
@@ -157,7 +161,7 @@ pub struct ModelTable {
     /// The configured prices, then the snapshot.
     layers: [Layer; 2],
     /// Literal route names no price names exactly (lower-cased).
-    routes: HashMap<String, ModelLabel>,
+    routes: Names,
     other: ModelLabel,
     /// Every label, configured first, `other` last.
     all: Vec<ModelLabel>,
@@ -203,7 +207,7 @@ impl ModelTable {
         }
         let mut table = Self {
             layers: [configured, snapshotted],
-            routes: HashMap::new(),
+            routes: Names::default(),
             other: ModelLabel::new(OTHER_MODEL, None),
             all,
         };

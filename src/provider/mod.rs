@@ -225,7 +225,14 @@ impl Account {
 
 /// The URLs an account made for query-less paths: at most
 /// [`URL_MEMO_PATHS`], each checked by `confined_url` when first made.
-struct UrlMemo(quick_cache::sync::Cache<String, reqwest::Url>);
+struct UrlMemo(
+    quick_cache::sync::Cache<
+        String,
+        reqwest::Url,
+        quick_cache::UnitWeighter,
+        foldhash::fast::RandomState,
+    >,
+);
 
 /// Paths an account keeps the URL of: the deduplicated endpoints and the
 /// common pass-through paths fit many times over; a miss costs one parse.
@@ -233,7 +240,13 @@ const URL_MEMO_PATHS: usize = 64;
 
 impl Default for UrlMemo {
     fn default() -> Self {
-        Self(quick_cache::sync::Cache::new(URL_MEMO_PATHS))
+        Self(quick_cache::sync::Cache::with(
+            URL_MEMO_PATHS,
+            URL_MEMO_PATHS as u64,
+            quick_cache::UnitWeighter,
+            foldhash::fast::RandomState::default(),
+            Default::default(),
+        ))
     }
 }
 
