@@ -471,9 +471,10 @@ async fn call_pool(
         .may_call_upstream(bill)
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
-    let buffered = dedup
-        .upstream
-        .call_buffered(outbound, &bill.model)
+    // Boxed where it starts: the call is kilobytes of state, and every
+    // future that awaits this one (the fallback walk, the attempt cap, the
+    // loader's box, the flight) would otherwise move all of it.
+    let buffered = Box::pin(dedup.upstream.call_buffered(outbound, &bill.model))
         .await
         .map_err(|error| error.in_shape(wire.error_shape()))?;
     let facts = wire.answer_facts(&buffered.body);

@@ -207,12 +207,17 @@ impl Dedup {
         }
         let mut outbound = outbound_of(&mut request);
         outbound.pin = self.pin_of(&request).await;
+        // The other plans' states are boxed: this future is boxed whole for
+        // every miss (`serve`), so its size is the largest plan's, and the
+        // buffered miss, the common one, would move the streaming one's.
         match Plan::of(&request) {
-            Plan::Bypass => bypass::serve(&self, &request, outbound, &bill).await,
-            Plan::Itemized => Ok(embeddings::serve(&self, &request, outbound, bill).await),
+            Plan::Bypass => Box::pin(bypass::serve(&self, &request, outbound, &bill)).await,
+            Plan::Itemized => {
+                Ok(Box::pin(embeddings::serve(&self, &request, outbound, bill)).await)
+            }
             Plan::Stream => {
                 let fallbacks = Fallbacks::of(&self, request.upstream, &raw, &bill.tenant);
-                stream::serve(&self, request, outbound, bill, fallbacks).await
+                Box::pin(stream::serve(&self, request, outbound, bill, fallbacks)).await
             }
             Plan::Buffered => {
                 let fallbacks = Fallbacks::of(&self, request.upstream, &raw, &bill.tenant);

@@ -29,6 +29,7 @@
 
 mod attribution;
 mod books;
+mod calls;
 mod models;
 mod stats;
 
@@ -51,6 +52,7 @@ use prometheus_client::{
 
 pub use attribution::Attribution;
 use books::BooksCollector;
+use calls::{CallKind, CallSeries, CallSeriesMemo};
 pub use models::{ModelLabel, ModelTable};
 pub use stats::{
     CostSides, History, MemberStats, ModelStats, NanoSides, PartyStats, Point, PricingStats,
@@ -245,6 +247,8 @@ struct Inner {
     upstream_requests: Family<UpstreamCallLabels, Counter>,
     upstream_retries: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<UpstreamLabels>,
+    /// The three above, per kind of call, found once (`calls.rs`).
+    call_series: CallSeriesMemo,
     failovers: Family<FailoverLabels, Counter>,
     member_cooling: Family<MemberLabels, Gauge>,
     /// Upstreams configured with `members`: their calls and spend are
@@ -440,6 +444,7 @@ impl Metrics {
                 upstream_requests,
                 upstream_retries,
                 upstream_duration,
+                call_series: CallSeriesMemo::default(),
                 failovers,
                 member_cooling,
                 pools,
@@ -522,21 +527,43 @@ impl Metrics {
         attempts: usize,
         elapsed: Duration,
     ) {
-        let member_label: Arc<str> = member.unwrap_or(NO_MEMBER).into();
-        let labels = UpstreamCallLabels {
-            upstream: upstream.to_owned(),
-            member: member_label.clone(),
-            model: model.shared_name(),
-            status: status.to_owned(),
+        let member_label = member.unwrap_or(NO_MEMBER);
+        let model_name = model.shared_name();
+        let kind = CallKind {
+            upstream,
+            member: member_label,
+            model: &model_name,
+            status,
         };
-        self.inner.upstream_requests.get_or_create(&labels).inc();
+        let series = self.inner.call_series.series(&kind, || {
+            let member: Arc<str> = member_label.into();
+            let labels = UpstreamLabels {
+                upstream: upstream.to_owned(),
+                member: member.clone(),
+            };
+            CallSeries {
+                requests: self
+                    .inner
+                    .upstream_requests
+                    .get_or_create(&UpstreamCallLabels {
+                        upstream: upstream.to_owned(),
+                        member,
+                        model: model_name.clone(),
+                        status: status.to_owned(),
+                    })
+                    .clone(),
+                retries: self.inner.upstream_retries.get_or_create(&labels).clone(),
+                duration: self.inner.upstream_duration.get_or_create(&labels).clone(),
+            }
+        });
+        series.requests.inc();
         let retries = u64::try_from(attempts.saturating_sub(1)).unwrap_or(u64::MAX);
         let upstream_name: Arc<str> = upstream.into();
         self.inner.books.post([
             (
                 Account::Calls {
                     upstream: upstream_name.clone(),
-                    model: model.shared_name(),
+                    model: model_name.clone(),
                     status: status.into(),
                 },
                 1,
@@ -559,18 +586,8 @@ impl Metrics {
                 1,
             )]);
         }
-        let upstream = UpstreamLabels {
-            upstream: upstream.to_owned(),
-            member: member_label,
-        };
-        self.inner
-            .upstream_retries
-            .get_or_create(&upstream)
-            .inc_by(retries);
-        self.inner
-            .upstream_duration
-            .get_or_create(&upstream)
-            .observe(elapsed.as_secs_f64());
+        series.retries.inc_by(retries);
+        series.duration.observe(elapsed.as_secs_f64());
     }
 
     /// A call moved from pool member `from` to `to` of `upstream` after an
