@@ -530,8 +530,9 @@ impl Coalescer {
         let context = self.context.clone();
         // A span of its own at DEBUG (making and closing one is a visible
         // part of a miss's CPU); at INFO the flight runs in its caller's
-        // request span (where its owner runs it, it is in that span already),
-        // and its warning names the key itself.
+        // request span (where its owner runs it, it is in that span already;
+        // handed to a task of its own when the owner leaves, it goes on
+        // without it), and its warning names the key itself.
         let span = match tracing::debug_span!("flight", fingerprint = %guard.fingerprint().short_hex())
         {
             span if !span.is_disabled() => Some(span),
