@@ -348,10 +348,7 @@ impl Coalescer {
                 }
                 Role::Follower(ticket) => (ticket, false, None),
             };
-            let mut waited = match owned.as_mut() {
-                Some(flight) => flight.run_until(deadline, &ticket).await,
-                None => ticket.wait_for(deadline, live.is_some()).await,
-            };
+            let mut waited = wait_until(owned.as_mut(), &ticket, deadline, live.is_some()).await;
             if matches!(waited, Waited::TimedOut)
                 && owner
                 && self.config.on_wait_timeout == OnWaitTimeout::OwnCall
@@ -362,10 +359,7 @@ impl Coalescer {
                 // timeouts, `retry.deadline`; a flight that followed another
                 // instance's is making its own call now, `cluster.rs`).
                 let ended = tokio::time::Instant::now() + OWN_CALL_BOUND;
-                waited = match owned.as_mut() {
-                    Some(flight) => flight.run_until(ended, &ticket).await,
-                    None => ticket.wait_for(ended, live.is_some()).await,
-                };
+                waited = wait_until(owned.as_mut(), &ticket, ended, live.is_some()).await;
             }
             // An owner that stops waiting lets its flight finish on a task of
             // its own, for the followers and the cache.
@@ -568,6 +562,21 @@ impl Coalescer {
             (None, Some(cx)) => Box::pin(flight.with_context(cx)),
             (Some(span), Some(cx)) => Box::pin(flight.instrument(span).with_context(cx)),
         }
+    }
+}
+
+/// A caller's wait for its flight's outcome until `deadline`: an owner that
+/// holds its flight runs it meanwhile (`owned.rs`); anyone else waits on
+/// the ticket (`live`: for the flight's live log, when it streams).
+async fn wait_until(
+    owned: Option<&mut OwnedFlight>,
+    ticket: &WaiterTicket,
+    deadline: tokio::time::Instant,
+    live: bool,
+) -> Waited {
+    match owned {
+        Some(flight) => flight.run_until(deadline, ticket).await,
+        None => ticket.wait_for(deadline, live).await,
     }
 }
 
