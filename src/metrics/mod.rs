@@ -30,6 +30,7 @@
 mod attribution;
 mod books;
 mod calls;
+mod labels;
 mod models;
 mod stats;
 
@@ -40,19 +41,18 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::Gauge,
-        histogram::{Histogram, exponential_buckets},
-    },
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
 pub use attribution::Attribution;
 use books::BooksCollector;
 use calls::{CallKind, CallSeries, CallSeriesMemo};
+use labels::{
+    BudgetLabels, EstimatedLabels, FailoverLabels, GenAiLabels, HistogramFamily, MemberLabels,
+    RequestLabels, SavedLabels, SourceLabels, TokenLabels, UpstreamCallLabels, UpstreamLabels,
+    UsdGauge, request_histogram, token_histogram, upstream_histogram,
+};
 pub use models::{ModelLabel, ModelTable};
 pub use stats::{
     CostSides, History, MemberStats, ModelStats, NanoSides, PartyStats, Point, PricingStats,
@@ -90,95 +90,9 @@ pub const ENDPOINT_LABELS: [&str; 7] = [
 /// `via` label values of `corral_saved_responses_total`.
 pub const VIA_LABELS: [&str; 4] = ["hit", "stale", "coalesced", "retry"];
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    endpoint: &'static str,
-    cache: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct UpstreamCallLabels {
-    upstream: String,
-    /// The pool member of the call's last attempt (`-`: none was made).
-    member: Arc<str>,
-    model: Arc<str>,
-    status: String,
-}
-
-/// `corral_failovers_total`: a call moved from one member of `upstream`'s
-/// pool to another after an attempt that ended in `reason` (`429`, `503`,
-/// `unreachable`, `timeout`, ...). Members come from the config.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FailoverLabels {
-    upstream: String,
-    from: Arc<str>,
-    to: Arc<str>,
-    reason: String,
-}
-
-/// One member of one pool (`corral_member_cooling`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MemberLabels {
-    upstream: String,
-    member: Arc<str>,
-}
-
 /// What the `member` label says of a call that made no attempt (every member
 /// cooling or refused by its breaker or caps).
 pub const NO_MEMBER: &str = "-";
-
-/// A budget rule: whom it caps (`tenant team-a`, `upstream openai`, `every
-/// tenant`) and its window; never a tenant a `*` rule counted.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BudgetLabels {
-    budget: String,
-    per: String,
-}
-
-type UsdGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct UpstreamLabels {
-    upstream: String,
-    member: Arc<str>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TokenLabels {
-    model: Arc<str>,
-    kind: &'static str,
-    source: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SourceLabels {
-    model: Arc<str>,
-    source: &'static str,
-}
-
-/// `gen_ai.client.token.usage` in Prometheus form (OpenTelemetry GenAI conventions).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-#[allow(clippy::struct_field_names)]
-struct GenAiLabels {
-    gen_ai_operation_name: &'static str,
-    gen_ai_request_model: Arc<str>,
-    gen_ai_token_type: &'static str,
-}
-
-/// `corral_usage_estimated_total`: bounded labels only (never a tenant).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EstimatedLabels {
-    model: Arc<str>,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SavedLabels {
-    model: Arc<str>,
-    via: &'static str,
-}
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// One endpoint and cache status's request counter, latency histogram and
 /// ledger account (clones that count into the families' own series).
@@ -187,21 +101,6 @@ struct RequestSeries {
     duration: Histogram,
     /// The same count in the books (`/stats` and the cluster ledger).
     booked: LedgerCounter,
-}
-
-/// 5 ms to ~80 s: a cache hit to a long completion.
-fn request_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 15))
-}
-
-/// 25 ms to ~400 s: one upstream call, all attempts and backoff included.
-fn upstream_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.025, 2.0, 15))
-}
-
-/// `gen_ai.client.token.usage`'s advised buckets: 1 to 4^13 tokens.
-fn token_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1.0, 4.0, 14))
 }
 
 /// What the scrape reads from the running gateway (the flights, the cache)
