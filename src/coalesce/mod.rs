@@ -329,20 +329,18 @@ impl Coalescer {
             let (ticket, owner, mut owned) = match joined {
                 Role::Owner(guard, ticket) => {
                     guard.set_sends(loader.sends);
-                    let inline = live.is_none();
-                    let flight = self.flight(
-                        guard,
-                        key.clone(),
-                        policy,
-                        loader.clone(),
-                        live,
-                        Start::Owner { inline },
-                    );
-                    let owned = if inline {
-                        Some(OwnedFlight::new(flight, self.tasks.clone()))
-                    } else {
-                        self.tasks.spawn(flight);
-                        None
+                    let start = match live {
+                        None => Start::Owner,
+                        Some(_) => Start::Streamed,
+                    };
+                    let flight =
+                        self.flight(guard, key.clone(), policy, loader.clone(), live, start);
+                    let owned = match start {
+                        Start::Owner => Some(OwnedFlight::new(flight, self.tasks.clone())),
+                        _ => {
+                            self.tasks.spawn(flight);
+                            None
+                        }
                     };
                     (ticket, true, owned)
                 }
@@ -530,14 +528,14 @@ impl Coalescer {
         let span = match tracing::debug_span!("flight", fingerprint = %guard.fingerprint().short_hex())
         {
             span if !span.is_disabled() => Some(span),
-            _ if start == (Start::Owner { inline: true }) => None,
+            _ if start == Start::Owner => None,
             _ => Some(tracing::Span::current()),
         };
         // With traces, the flight's span is a child of the request that
         // started it (the owner, or the hit that triggered a refresh).
         let kind = match start {
             Start::Refresh => "refresh",
-            Start::Owner { .. } => "request",
+            Start::Owner | Start::Streamed => "request",
         };
         let traced = traces::flight_context(&guard.fingerprint(), kind).map(|(cx, name)| {
             guard.set_trace(name);
@@ -583,8 +581,11 @@ async fn wait_until(
 /// Who starts a flight, and where it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Start {
-    /// A caller's request; `inline`: on the owner's own task (`owned.rs`).
-    Owner { inline: bool },
+    /// A caller's buffered request, run on its owner's own task (`owned.rs`).
+    Owner,
+    /// A caller's streamed request, on a task of its own: its owner reads
+    /// the live log the flight writes.
+    Streamed,
     /// A background refresh of a cached entry, on a task of its own.
     Refresh,
 }
