@@ -184,6 +184,12 @@ impl Auth {
         Arc::from(&text[..text.len().min(SHORT_SCOPE)])
     }
 
+    /// Whether any key has a label: only then does a request's label need
+    /// its credential (`tenant_label`), else its scope says it.
+    pub fn has_labels(&self) -> bool {
+        !self.labels.is_empty()
+    }
+
     pub fn enabled(&self) -> bool {
         !self.keys.is_empty()
     }

@@ -205,8 +205,20 @@ impl std::fmt::Debug for ShortHex {
 }
 
 /// SHA-256 over a request's key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Fingerprint([u8; 32]);
+
+/// A fingerprint is a SHA-256 output, so any 8 of its bytes are as evenly
+/// spread as all 32: the maps keyed by it (the cache, the flight table, the
+/// failure memory; about ten lookups a miss) hash one word, which their
+/// seeded hasher still mixes, instead of a 32-byte slice and its length.
+/// Equality still compares all 32 bytes.
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let (word, _) = self.0.split_first_chunk::<8>().expect("32 bytes hold 8");
+        state.write_u64(u64::from_le_bytes(*word));
+    }
+}
 
 impl Fingerprint {
     pub fn of(input: &KeyInput<'_>) -> Self {

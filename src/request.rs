@@ -31,6 +31,11 @@ pub struct RequestRules<'a> {
     pub cache: &'a CacheConfig,
     pub limits: InputLimits,
     pub tenant_key: Option<&'a TenantKey>,
+    /// The caller's own tenant, as admission derived it from this request's
+    /// credential under `tenant_key` (`Auth::authenticate`): the parse takes
+    /// it rather than read the credential and hash it again. `None`: derived
+    /// here (tests, tools).
+    pub caller: Option<&'a TenantScope>,
 }
 
 impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
@@ -39,6 +44,7 @@ impl<'a> From<&'a CacheConfig> for RequestRules<'a> {
             cache,
             limits: InputLimits::from(&LimitsConfig::default()),
             tenant_key: None,
+            caller: None,
         }
     }
 }
@@ -224,6 +230,7 @@ pub struct DedupRequest {
     pub echo: Option<Arc<Echo>>,
     /// Which member of a pool the call goes to first (`routing::affinity_key`):
     /// never part of the key, so every member's answer is every caller's.
+    /// Read only for a pool that orders by session (`Routes::orders_by_session`), else 0.
     pub affinity: u64,
 }
 
@@ -347,12 +354,17 @@ impl DedupRequest {
             .and_then(PathCall::stream)
             .unwrap_or_else(|| wire.is_stream(&body));
 
-        // The caller's credential wherever it was sent (`auth::credential`):
-        // one key, one tenant. A Gemini request's (`x-goog-api-key`, `?key=`,
-        // an OAuth token in the query) is the one that goes upstream, and the
-        // query keeps none.
-        let credential = auth::credential(headers, query)?;
-        let credential = credential.as_deref();
+        // The caller's tenant: its credential's wherever it was sent
+        // (`auth::credential`), one key, one tenant. A Gemini request's
+        // (`x-goog-api-key`, `?key=`, an OAuth token in the query) is the one
+        // that goes upstream, and the query keeps none.
+        let own_scope = match rules.caller {
+            Some(caller) => caller.clone(),
+            None => {
+                let credential = auth::credential(headers, query)?;
+                TenantScope::of_credential(rules.tenant_key, credential.as_deref())
+            }
+        };
         let framing = match call.map(|call| call.via) {
             Some(PathApi::Bedrock { stream: true }) => Framing::AwsEventStream,
             _ => wire.stream_framing(query),
@@ -371,14 +383,10 @@ impl DedupRequest {
                 query.map(str::to_owned),
             )
         };
-        let scope = match cache.scope {
-            CacheScope::Tenant => TenantScope::of_credential(rules.tenant_key, credential),
-            CacheScope::Global => TenantScope::global(),
-        };
         // Idempotency keys are the caller's own, whatever the cache shares.
-        let own_scope = match cache.scope {
-            CacheScope::Tenant => scope.clone(),
-            CacheScope::Global => TenantScope::of_credential(rules.tenant_key, credential),
+        let scope = match cache.scope {
+            CacheScope::Tenant => own_scope.clone(),
+            CacheScope::Global => TenantScope::global(),
         };
         let retry = RetryMarks::from_headers(headers, || own_scope.clone())?;
 
@@ -488,7 +496,13 @@ impl DedupRequest {
             policy.write = false;
         }
 
-        let affinity = crate::routing::affinity_key(headers, &body).0;
+        // Read only where a pool picks its member by it (3,000 instructions
+        // a miss otherwise spent on a key nothing reads).
+        let affinity = if routes.orders_by_session(upstream) {
+            crate::routing::affinity_key(headers, &body).0
+        } else {
+            0
+        };
         Ok(Self {
             affinity,
             endpoint,
@@ -745,6 +759,51 @@ mod tests {
         for bad in ["", "\"\"", long.as_str()] {
             let err = try_parse(&[("idempotency-key", bad)]).unwrap_err();
             assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+    }
+
+    /// The tenant admission derived (`RequestRules::caller`) is the one the
+    /// parse would derive from the same credential, under either cache scope.
+    #[test]
+    fn the_callers_tenant_from_admission_parses_as_its_credential_would() {
+        let config = Config::for_tests("http://127.0.0.1:1/v1");
+        let routes = Routes::new(&config.upstreams);
+        let names: Vec<String> = config.upstreams.iter().map(|u| u.identity()).collect();
+        let key = TenantKey::new(b"a secret of the server's own, long enough");
+        let map = header_map(&[("authorization", "Bearer sk-a"), ("idempotency-key", "k1")]);
+        for scope in [CacheScope::Tenant, CacheScope::Global] {
+            let cache = CacheConfig {
+                scope,
+                ..config.cache.clone()
+            };
+            let parse = |caller: Option<&TenantScope>| {
+                DedupRequest::parse(
+                    Endpoint::ChatCompletions,
+                    &map,
+                    None,
+                    Bytes::from_static(BODY.as_bytes()),
+                    &routes,
+                    &names,
+                    RequestRules {
+                        cache: &cache,
+                        limits: InputLimits::from(&LimitsConfig::default()),
+                        tenant_key: Some(&key),
+                        caller,
+                    },
+                )
+                .unwrap()
+            };
+            let derived = parse(None);
+            let admitted = TenantScope::of_credential(Some(&key), Some(b"sk-a"));
+            let given = parse(Some(&admitted));
+            assert_eq!(given.own_scope, derived.own_scope, "{scope:?}");
+            assert_eq!(given.own_scope, admitted, "{scope:?}");
+            assert_eq!(given.scope, derived.scope, "{scope:?}");
+            assert_eq!(given.fingerprint, derived.fingerprint, "{scope:?}");
+            assert_eq!(
+                given.retry.idempotency_key, derived.retry.idempotency_key,
+                "{scope:?}"
+            );
         }
     }
 

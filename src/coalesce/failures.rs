@@ -20,7 +20,13 @@
 //! never answers another's request. A failure is remembered with the bytes
 //! that caused it (`Sent`), and answers only a repeat of those bytes.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use moka::sync::Cache;
 use tokio::time::Instant;
@@ -65,6 +71,12 @@ pub enum Recall {
 pub struct FailureMemory {
     /// foldhash, not SipHash: every miss reads and settles its key here.
     failures: Cache<Fingerprint, Arc<Failure>, foldhash::fast::RandomState>,
+    /// How many failures the memory may hold: counted up before each is
+    /// kept and down when moka lets it go (replaced, expired, evicted,
+    /// invalidated), so it is never below the true count. At zero, the common
+    /// case of a provider that answers, a flight neither looks its key up
+    /// nor clears it: two moka operations a miss spared.
+    held: Arc<AtomicUsize>,
     /// The quiet time of a failure whose provider sent no `Retry-After`.
     quiet: Duration,
 }
@@ -73,6 +85,8 @@ impl FailureMemory {
     /// `quiet`: how long a failure without `Retry-After` answers repeats
     /// (`cache.error_ttl`; zero: repeats always call, once).
     pub fn new(quiet: Duration) -> Self {
+        let held = Arc::new(AtomicUsize::new(0));
+        let released = held.clone();
         Self {
             failures: Cache::builder()
                 .max_capacity(MAX_BYTES)
@@ -84,13 +98,22 @@ impl FailureMemory {
                     u32::try_from(body + 256).unwrap_or(u32::MAX)
                 })
                 .time_to_live(FAILING_FOR)
+                .eviction_listener(move |_, _, _| {
+                    released.fetch_sub(1, Ordering::Relaxed);
+                })
                 .build_with_hasher(foldhash::fast::RandomState::default()),
+            held,
             quiet,
         }
     }
 
     /// What a flight of `key` that sends `sends` should do.
     pub fn recall(&self, key: &Fingerprint, sends: Sent) -> Recall {
+        // A flight of the key that failed ended before this one began (the
+        // flight table orders them), so its count is seen here.
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return Recall::Clear;
+        }
         match self.failures.get(key) {
             None => Recall::Clear,
             Some(failure) if failure.sends != sends => Recall::Clear,
@@ -109,6 +132,7 @@ impl FailureMemory {
         match result {
             Err(error) if error.is_transient_upstream_failure() => {
                 let quiet = error.provider_retry_after(MAX_QUIET).unwrap_or(self.quiet);
+                self.held.fetch_add(1, Ordering::Relaxed);
                 self.failures.insert(
                     *key,
                     Arc::new(Failure {
@@ -119,6 +143,7 @@ impl FailureMemory {
                 );
             }
             Err(error) if error.is_local_to_instance() => {}
+            _ if self.held.load(Ordering::Relaxed) == 0 => {}
             _ => self.failures.invalidate(key),
         }
     }
@@ -196,6 +221,31 @@ mod tests {
         assert!(matches!(memory.recall(&key(1), sent()), Recall::Quiet(_)));
         tokio::time::advance(Duration::from_millis(2)).await;
         assert!(matches!(memory.recall(&key(1), sent()), Recall::Failing));
+    }
+
+    /// The count that spares a healthy provider's flights their lookups
+    /// follows what moka keeps: a replaced failure counts once, a cleared one
+    /// not at all, and what is left is still answered.
+    #[tokio::test(start_paused = true)]
+    async fn the_count_of_held_failures_follows_what_the_memory_keeps() {
+        let memory = FailureMemory::new(Duration::from_secs(5));
+        let held = |memory: &FailureMemory| {
+            memory.failures.run_pending_tasks();
+            memory.held.load(Ordering::Relaxed)
+        };
+        memory.settle(&key(1), sent(), &Ok(()));
+        assert_eq!(held(&memory), 0, "a success keeps nothing");
+        memory.settle::<()>(&key(1), sent(), &Err(provider(503, None)));
+        memory.settle::<()>(&key(1), sent(), &Err(provider(503, None)));
+        memory.settle::<()>(&key(2), sent(), &Err(provider(503, None)));
+        assert_eq!(held(&memory), 2, "key 1 replaced, key 2 added");
+        memory.settle(&key(1), sent(), &Ok(()));
+        assert_eq!(held(&memory), 1);
+        assert!(matches!(memory.recall(&key(1), sent()), Recall::Clear));
+        assert!(matches!(memory.recall(&key(2), sent()), Recall::Quiet(_)));
+        memory.settle(&key(2), sent(), &Ok(()));
+        assert_eq!(held(&memory), 0);
+        assert!(matches!(memory.recall(&key(2), sent()), Recall::Clear));
     }
 
     #[tokio::test(start_paused = true)]

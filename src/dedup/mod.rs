@@ -41,7 +41,7 @@ use crate::{
     fingerprint::{CacheKey, Endpoint, Fingerprint},
     memo::{Derived, RequestBytes},
     metrics::Attribution,
-    request::DedupRequest,
+    request::{DedupRequest, RequestRules},
     retry_window::Retained,
     tenant::TenantScope,
     upstream::Outbound,
@@ -169,6 +169,7 @@ impl Dedup {
             headers,
             query,
             body,
+            tenant: caller.tenant.clone(),
         };
         if let Some(derived) = seen.as_ref().and_then(|seen| self.memo.get(seen)) {
             return remembered::serve(self, &derived, &caller, raw).await;
@@ -234,7 +235,12 @@ impl Dedup {
         request: &DedupRequest,
         raw: &RawRequest,
     ) -> Result<Attribution, GatewayError> {
-        let credential = crate::auth::credential(&raw.headers, raw.query.as_deref())?;
+        // Read again only to find a labelled key's label: else the scope,
+        // which admission derived from it, says the tenant.
+        let credential = match self.auth.has_labels() {
+            true => crate::auth::credential(&raw.headers, raw.query.as_deref())?,
+            false => None,
+        };
         Ok(Attribution {
             model: self.metrics.model(&request.model),
             tenant: self
@@ -332,6 +338,9 @@ struct RawRequest {
     headers: HeaderMap,
     query: Option<String>,
     body: Bytes,
+    /// The caller's own tenant, as admission derived it from these headers
+    /// and query (`Caller::tenant`).
+    tenant: TenantScope,
 }
 
 impl RawRequest {
@@ -360,7 +369,10 @@ impl RawRequest {
             self.body.clone(),
             &dedup.routes,
             &dedup.upstream_keys,
-            dedup.request_rules(),
+            RequestRules {
+                caller: Some(&self.tenant),
+                ..dedup.request_rules()
+            },
         )
     }
 }

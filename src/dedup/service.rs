@@ -131,6 +131,7 @@ impl Dedup {
             cache: &self.cache,
             limits: self.input_limits,
             tenant_key: self.auth.tenant_key(),
+            caller: None,
         }
     }
 

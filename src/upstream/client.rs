@@ -305,11 +305,12 @@ impl Upstream {
         self.protected(outbound, Counted::Failures, |target| async move {
             // The whole exchange, body included, within `request_timeout`.
             let deadline = tokio::time::Instant::now() + target.request_timeout;
-            let response = self
+            let mut response = self
                 .send_once(outbound, target, Wait::Whole(target.request_timeout))
                 .await?;
             let status = response.status();
-            let headers = response.headers().clone();
+            // Taken, not cloned: reading the body needs none of them.
+            let headers = std::mem::take(response.headers_mut());
             // From here the body has begun to arrive: a failure is not retried.
             let body = tokio::time::timeout_at(deadline, self.read_body(target, response))
                 .await

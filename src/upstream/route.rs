@@ -3,7 +3,7 @@
 
 use glob::Pattern;
 
-use crate::config::{Api, UpstreamConfig};
+use crate::config::{Affinity, Api, UpstreamConfig};
 
 #[derive(Debug)]
 pub struct Routes {
@@ -11,6 +11,9 @@ pub struct Routes {
     /// A provider's id for a model (`deployments`' values: a Bedrock model
     /// id, a Vertex version) -> the public name it deploys.
     public_names: std::collections::HashMap<String, String>,
+    /// By upstream: whether its pool orders members by a request's session
+    /// (`affinity: session` over more than one member).
+    by_session: Vec<bool>,
 }
 
 impl Routes {
@@ -35,10 +38,22 @@ impl Routes {
                 }
             }
         }
+        let by_session = upstreams
+            .iter()
+            .map(|upstream| upstream.affinity == Affinity::Session && upstream.members.len() > 1)
+            .collect();
         Self {
             routes,
             public_names,
+            by_session,
         }
+    }
+
+    /// Whether `upstream`'s pool picks its first member by the request's
+    /// session (`routing::affinity_key`): only then is that key worth its
+    /// reading of the body (a pool of one, or `affinity: none`, ignores it).
+    pub fn orders_by_session(&self, upstream: usize) -> bool {
+        self.by_session.get(upstream).copied().unwrap_or(false)
     }
 
     /// The public name of the model a provider's id names (a Bedrock or
@@ -102,6 +117,24 @@ mod tests {
         assert_eq!(routes.route("gpt-3.5-turbo"), Some(1));
         assert_eq!(routes.route("claude-3"), Some(1));
         assert_eq!(routes.route("llama"), None);
+        assert!(
+            !routes.orders_by_session(0),
+            "an upstream of one account has no member to pick"
+        );
+    }
+
+    #[test]
+    fn only_a_pool_of_several_with_session_affinity_orders_by_session() {
+        let config = Config::load(
+            "listen: 127.0.0.1:0\nupstreams:\n  - name: pool\n    api_key_env: POOL_KEY\n    models: ['gpt-*']\n    members:\n      - {name: a, base_url: 'http://127.0.0.1:1/v1'}\n      - {name: b, base_url: 'http://127.0.0.1:2/v1'}\n  - name: spread\n    api_key_env: POOL_KEY\n    affinity: none\n    models: ['o*']\n    members:\n      - {name: c, base_url: 'http://127.0.0.1:3/v1'}\n      - {name: d, base_url: 'http://127.0.0.1:4/v1'}\n  - {name: one, base_url: 'http://127.0.0.1:5/v1'}\n",
+            [("POOL_KEY", "sk-pool")],
+        )
+        .unwrap();
+        let routes = Routes::new(&config.upstreams);
+        assert!(routes.orders_by_session(0));
+        assert!(!routes.orders_by_session(1), "affinity: none");
+        assert!(!routes.orders_by_session(2), "one account");
+        assert!(!routes.orders_by_session(3), "no such upstream");
     }
 
     #[test]

@@ -127,7 +127,8 @@ impl Transport {
                 *request.uri_mut() = url.as_str().parse()?;
                 let map = request.headers_mut();
                 extend(map, headers);
-                let response = client.request(request).await?;
+                let mut response = client.request(request).await?;
+                response.extensions_mut().extend(placeholder_url());
                 Ok(reqwest::Response::from(response.map(reqwest::Body::wrap)))
             }
             Self::Proxied(client) => {
@@ -155,6 +156,23 @@ fn extend(map: &mut HeaderMap, headers: impl Iterator<Item = (HeaderName, Header
     }
 }
 
+/// The URL a direct call's `reqwest::Response` carries: the one reqwest puts
+/// there itself (`http://no.url.provided.local`), parsed once. Left out,
+/// reqwest parses it anew for every response (about 3,400 instructions, 2%
+/// of a miss); the real URL stays out of it, as it would carry a query's key
+/// into anything that names the response's URL.
+fn placeholder_url() -> http::Extensions {
+    static PLACEHOLDER: std::sync::LazyLock<reqwest::Url> = std::sync::LazyLock::new(|| {
+        reqwest::Url::parse("http://no.url.provided.local").expect("a valid URL")
+    });
+    use reqwest::ResponseBuilderExt;
+    let mut carrier = http::Response::builder()
+        .url(PLACEHOLDER.clone())
+        .body(())
+        .expect("a response of defaults and one extension builds");
+    std::mem::take(carrier.extensions_mut())
+}
+
 /// rustls with the webpki roots and ring, as reqwest's `rustls-tls` has it.
 fn tls_config() -> anyhow::Result<rustls::ClientConfig> {
     let roots = rustls::RootCertStore {
@@ -175,4 +193,56 @@ fn environment_names_a_proxy() -> bool {
             .iter()
             .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A direct call's response carries reqwest's placeholder URL, as a
+    /// response reqwest made from parts would: never the call's own, whose
+    /// query may hold a key.
+    #[tokio::test]
+    async fn a_direct_response_names_the_placeholder_not_the_call() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                socket.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            head
+        });
+        let transport = Transport::direct(Duration::from_secs(5)).unwrap();
+        {
+            let url = format!("http://127.0.0.1:{port}/v1/models?key=AIza-SECRET");
+            let response = transport
+                .send(
+                    Method::GET,
+                    reqwest::Url::parse(&url).unwrap(),
+                    std::iter::empty(),
+                    None,
+                    None,
+                )
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.url().as_str(), "http://no.url.provided.local/");
+            assert_eq!(response.bytes().await.unwrap(), "ok");
+        }
+        let head = String::from_utf8(server.await.unwrap()).unwrap();
+        assert!(
+            head.starts_with("GET /v1/models?key=AIza-SECRET HTTP/1.1"),
+            "{head}"
+        );
+    }
 }

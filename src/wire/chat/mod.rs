@@ -90,7 +90,13 @@ impl Wire for ChatWire {
             #[serde(borrow)]
             finish_reason: Option<Cow<'a, str>>,
         }
-        let Ok(answer) = serde_json::from_slice::<Answer<'_>>(body) else {
+        // From text when the answer is UTF-8 (one fast pass), so serde_json
+        // does not check each string again.
+        let parsed = match std::str::from_utf8(body) {
+            Ok(text) => serde_json::from_str::<Answer<'_>>(text),
+            Err(_) => serde_json::from_slice::<Answer<'_>>(body),
+        };
+        let Ok(answer) = parsed else {
             return AnswerFacts {
                 complete: self.is_complete(body),
                 usage: self.usage(body),
