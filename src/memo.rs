@@ -17,8 +17,21 @@
 //!
 //! Bounded in bytes ([`MAX_MEMO_BYTES`]; bodies above [`MAX_MEMO_BODY_BYTES`]
 //! are not kept): losing an entry costs one parse.
+//!
+//! A request is kept the second time it is parsed, not the first (a
+//! doorkeeper, as TinyLFU's: [`RequestMemo::admits`]). Most traffic is
+//! unique (every agent turn, every new conversation), and keeping each such
+//! request cost its miss a copy, a derivation and an insert (about 2,500
+//! instructions, BENCHMARKS.md, issue 41) and pushed the requests that do
+//! repeat out of the memo. A request that repeats pays one more parse.
 
-use std::sync::{Arc, Weak};
+use std::{
+    hash::BuildHasher,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use arc_swap::ArcSwapOption;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -41,6 +54,12 @@ pub const MAX_MEMO_BYTES: u64 = 16 << 20;
 
 /// Larger bodies are parsed every time.
 pub const MAX_MEMO_BODY_BYTES: usize = 64 << 10;
+
+/// Requests the doorkeeper remembers having seen once, by a hash each (one
+/// word a slot, 128 KiB in all): at 20,000 unique requests a second a slot
+/// lasts about 0.8 s; a repeat later than that is recorded again and kept
+/// the time after.
+const SEEN_ONCE_SLOTS: usize = 1 << 14;
 
 /// Bookkeeping per entry beyond its key bytes and model name, the prebuilt
 /// hit headers included.
@@ -150,6 +169,10 @@ impl Weighter<Box<[u8]>, Arc<Derived>> for ByBytes {
 /// The memo. See the module documentation.
 pub struct RequestMemo {
     entries: Cache<Box<[u8]>, Arc<Derived>, ByBytes, foldhash::fast::RandomState>,
+    /// The doorkeeper: a hash of each request parsed once lately, by slot.
+    seen_once: Box<[AtomicU64]>,
+    /// Seeded per process: nobody outside chooses which requests share a slot.
+    seen_hasher: foldhash::fast::RandomState,
 }
 
 impl std::fmt::Debug for RequestMemo {
@@ -177,7 +200,20 @@ impl RequestMemo {
                 foldhash::fast::RandomState::default(),
                 Default::default(),
             ),
+            seen_once: (0..SEEN_ONCE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            seen_hasher: foldhash::fast::RandomState::default(),
         }
+    }
+
+    /// Whether `key`, parsed just now and not in the memo, is worth keeping:
+    /// it was parsed once before, lately. The first time it is only noted
+    /// (see the module documentation). Two requests sharing a slot take turns
+    /// in it, so either is kept at worst one parse later.
+    pub fn admits(&self, key: &RequestBytes) -> bool {
+        // Never zero, so an empty slot never matches.
+        let hash = self.seen_hasher.hash_one(&*key.0) | 1;
+        let slot = &self.seen_once[hash as usize % SEEN_ONCE_SLOTS];
+        slot.swap(hash, Ordering::Relaxed) == hash
     }
 
     pub fn get(&self, key: &RequestBytes) -> Option<Arc<Derived>> {
@@ -396,6 +432,35 @@ mod tests {
             memo.insert(key, derived_for_tests());
             assert!(memo.bytes() <= 64 << 10, "{} bytes", memo.bytes());
         }
+    }
+
+    #[test]
+    fn a_request_is_admitted_the_second_time_it_is_seen() {
+        let memo = RequestMemo::default();
+        let tenant = TenantScope::global();
+        let key = |body: &str| {
+            RequestBytes::of(
+                Endpoint::ChatCompletions,
+                None,
+                &tenant,
+                &HeaderMap::new(),
+                None,
+                body.as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(!memo.admits(&key("{\"n\":1}")), "seen once: noted only");
+        assert!(
+            !memo.admits(&key("{\"n\":2}")),
+            "another request is its own"
+        );
+        assert!(memo.admits(&key("{\"n\":1}")), "seen twice: kept");
+        assert!(memo.admits(&key("{\"n\":2}")));
+        // A flood of one-off requests passes the doorkeeper by none of them.
+        let admitted = (0..(4 * SEEN_ONCE_SLOTS))
+            .filter(|n| memo.admits(&key(&format!("{{\"unique\":{n}}}"))))
+            .count();
+        assert_eq!(admitted, 0);
     }
 
     fn derived_for_tests() -> Derived {

@@ -199,6 +199,7 @@ impl Dedup {
             .check_credential(request.upstream, request.authorization.as_ref())?;
         let bill = self.attribution(&request, &raw)?;
         if let Some(seen) = seen
+            && self.memo.admits(&seen)
             && let Some(derived) = Derived::of(&request, &bill)
         {
             self.memo.insert(seen, derived);

@@ -1165,9 +1165,12 @@ async fn the_memo_keeps_geminis_model_and_method_apart() {
     for (path, cache) in [
         (GENERATE, "MISS"),
         (pro, "MISS"),
+        // Parsed again and kept (the memo keeps a request seen twice)...
         (GENERATE, "HIT"),
         (pro, "HIT"),
+        // ...then answered from it.
         (GENERATE, "HIT"),
+        (pro, "HIT"),
     ] {
         let reply = gateway.post_with(path, &body, &headers).await;
         assert_eq!(reply.cache(), cache, "{path}");
@@ -1180,7 +1183,8 @@ async fn the_memo_keeps_geminis_model_and_method_apart() {
             "gemini-2.5-pro",
             "gemini-2.5-flash",
             "gemini-2.5-pro",
-            "gemini-2.5-flash"
+            "gemini-2.5-flash",
+            "gemini-2.5-pro"
         ]
     );
     assert!(

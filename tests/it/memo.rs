@@ -1,7 +1,9 @@
 //! The request memo (`src/memo.rs`): a request seen before is served without
 //! being parsed again, and that changes nothing a caller, the provider or the
-//! books can see. Every case here is answered from the memo the second time
-//! (its bytes are checked), and compared with what a parse gives.
+//! books can see. A request is kept the second time it is parsed (its first
+//! only passes the doorkeeper), so every case here is answered from the memo
+//! from its third time on (its bytes are checked), and compared with what a
+//! parse gives.
 
 use std::time::Duration;
 
@@ -30,8 +32,14 @@ async fn a_repeat_from_the_memo_is_answered_and_counted_as_a_parsed_one() {
     assert_eq!(memo_bytes(&gateway), 0);
     let first = gateway.post(PATH, &body).await;
     assert_eq!(first.cache(), "MISS");
+    assert_eq!(memo_bytes(&gateway), 0, "seen once: not kept yet");
+    let second = gateway.post(PATH, &body).await;
+    assert_eq!(
+        (second.cache(), second.body.clone()),
+        ("HIT", first.body.clone())
+    );
     let held = memo_bytes(&gateway);
-    assert!(held > 0, "the first request is remembered");
+    assert!(held > 0, "the second parse of a request keeps it");
 
     let repeats: Vec<Reply> = {
         let mut replies = Vec::new();
@@ -83,10 +91,10 @@ async fn a_repeat_from_the_memo_is_answered_and_counted_as_a_parsed_one() {
                 && line.contains(r#"cache="HIT""#)
         })
         .unwrap_or_else(|| panic!("no chat HIT series:\n{text}"));
-    assert!(hits.ends_with(" 3"), "{hits}");
+    assert!(hits.ends_with(" 4"), "{hits}");
     let stats = gateway.get("/stats").await.json();
-    assert_eq!(stats["requests"]["by_cache"]["HIT"], 3, "{stats}");
-    assert_eq!(stats["saved_responses"]["total"], 3, "{stats}");
+    assert_eq!(stats["requests"]["by_cache"]["HIT"], 4, "{stats}");
+    assert_eq!(stats["saved_responses"]["total"], 4, "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,15 +115,22 @@ async fn tenants_and_keyed_headers_split_what_the_memo_knows() {
         ("MISS", "MISS", "MISS")
     );
     assert_eq!(gateway.provider.calls(), 3);
-    // Each repeat finds its own answer, never another's.
-    for (headers, first) in [
-        (&a[..], &first_a),
-        (&b[..], &first_b),
-        (&a_org[..], &first_org),
-    ] {
-        let repeat = gateway.post_with(PATH, &body, headers).await;
-        assert_eq!(repeat.cache(), "HIT");
-        assert_eq!(id(&repeat), id(first));
+    // Each repeat finds its own answer, never another's: parsed the second
+    // time (and kept), from the memo the third.
+    let held = memo_bytes(&gateway);
+    for round in 0..2 {
+        for (headers, first) in [
+            (&a[..], &first_a),
+            (&b[..], &first_b),
+            (&a_org[..], &first_org),
+        ] {
+            let repeat = gateway.post_with(PATH, &body, headers).await;
+            assert_eq!(repeat.cache(), "HIT", "round {round}");
+            assert_eq!(id(&repeat), id(first), "round {round}");
+        }
+        if round == 0 {
+            assert!(memo_bytes(&gateway) > held, "three requests kept");
+        }
     }
     // The other spelling of tenant b's key is tenant b.
     let b_bearer = gateway
@@ -147,10 +162,13 @@ async fn an_expired_answer_known_to_the_memo_is_fetched_with_the_callers_own_req
     ];
     let first = gateway.post_with(PATH, &body, &headers).await;
     assert_eq!(first.cache(), "MISS");
-    assert_eq!(
-        gateway.post_with(PATH, &body, &headers).await.cache(),
-        "HIT"
-    );
+    for _ in 0..2 {
+        // Parsed and kept, then answered from the memo.
+        assert_eq!(
+            gateway.post_with(PATH, &body, &headers).await.cache(),
+            "HIT"
+        );
+    }
 
     gateway.clock.advance(Duration::from_secs(21));
     let herd = gateway.herd(PATH, &body, 50, &headers).await;
@@ -185,6 +203,8 @@ async fn a_stale_answer_known_to_the_memo_is_served_and_refreshed_once() {
     .await;
     let body = chat("stale, then refreshed from the memo");
     let first = gateway.post(PATH, &body).await;
+    // Parsed and kept, then answered from the memo.
+    assert_eq!(gateway.post(PATH, &body).await.cache(), "HIT");
     assert_eq!(gateway.post(PATH, &body).await.cache(), "HIT");
     gateway.clock.advance(Duration::from_secs(2));
     let stale = gateway.post(PATH, &body).await;
@@ -210,6 +230,8 @@ async fn a_purge_reaches_answers_the_memo_serves() {
         "messages": [{"role": "user", "content": "purged while remembered"}],
     });
     let first = gateway.post(PATH, &body).await;
+    // Parsed and kept, then answered from the memo.
+    assert_eq!(gateway.post(PATH, &body).await.cache(), "HIT");
     assert_eq!(gateway.post(PATH, &body).await.cache(), "HIT");
     let purged = gateway
         .client

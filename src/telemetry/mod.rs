@@ -44,6 +44,10 @@ use tracing_subscriber::{
 
 use crate::config::LogFormat;
 
+mod fields;
+
+pub use fields::PlainFields;
+
 /// How long the writer lets lines gather after the first one of a batch.
 pub const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 
@@ -95,7 +99,7 @@ pub fn init(format: LogFormat) -> Option<LogGuard> {
         .with_writer(writer);
     let subscriber = tracing_subscriber::registry().with(levels);
     let installed = match format {
-        LogFormat::Text => subscriber.with(lines).try_init(),
+        LogFormat::Text => subscriber.with(lines.fmt_fields(PlainFields)).try_init(),
         LogFormat::Json => subscriber.with(lines.json().flatten_event(true)).try_init(),
     };
     let guard = installed.ok().map(|()| guard)?;
