@@ -65,7 +65,12 @@ impl TenantScope {
                     .finalize();
                 Self::tagged(b't', &digest)
             }
-            (_, None) => Self("anonymous".into()),
+            (_, None) => {
+                // Every caller without a credential: one allocation per process.
+                static ANONYMOUS: std::sync::LazyLock<TenantScope> =
+                    std::sync::LazyLock::new(|| TenantScope("anonymous".into()));
+                ANONYMOUS.clone()
+            }
         }
     }
 
@@ -81,8 +86,12 @@ impl TenantScope {
         )
     }
 
+    /// The one shared scope: one allocation per process, cloned (every
+    /// request under `cache.scope: global` takes it).
     pub fn global() -> Self {
-        Self(Self::GLOBAL.into())
+        static GLOBAL: std::sync::LazyLock<TenantScope> =
+            std::sync::LazyLock::new(|| TenantScope(TenantScope::GLOBAL.into()));
+        GLOBAL.clone()
     }
 
     /// Rebuilds a scope read back from storage (a Redis entry's header).
