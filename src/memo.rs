@@ -402,33 +402,26 @@ mod tests {
         assert_ne!(a, b);
     }
 
+    /// A chat request of `body` alone (global scope, no headers or query).
+    fn body_only(body: &[u8]) -> Option<RequestBytes> {
+        RequestBytes::of(
+            Endpoint::ChatCompletions,
+            None,
+            &TenantScope::global(),
+            &HeaderMap::new(),
+            None,
+            body,
+        )
+    }
+
     #[test]
     fn large_bodies_are_not_kept_and_the_memo_stays_within_its_bytes() {
-        let tenant = TenantScope::global();
         let huge = vec![b' '; MAX_MEMO_BODY_BYTES + 1];
-        assert!(
-            RequestBytes::of(
-                Endpoint::ChatCompletions,
-                None,
-                &tenant,
-                &HeaderMap::new(),
-                None,
-                &huge
-            )
-            .is_none()
-        );
+        assert!(body_only(&huge).is_none());
         let memo = RequestMemo::with_capacity(64 << 10);
         for i in 0..1000 {
             let body = format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(500));
-            let key = RequestBytes::of(
-                Endpoint::ChatCompletions,
-                None,
-                &tenant,
-                &HeaderMap::new(),
-                None,
-                body.as_bytes(),
-            )
-            .unwrap();
+            let key = body_only(body.as_bytes()).unwrap();
             memo.insert(key, derived_for_tests());
             assert!(memo.bytes() <= 64 << 10, "{} bytes", memo.bytes());
         }
@@ -437,18 +430,7 @@ mod tests {
     #[test]
     fn a_request_is_admitted_the_second_time_it_is_seen() {
         let memo = RequestMemo::default();
-        let tenant = TenantScope::global();
-        let key = |body: &str| {
-            RequestBytes::of(
-                Endpoint::ChatCompletions,
-                None,
-                &tenant,
-                &HeaderMap::new(),
-                None,
-                body.as_bytes(),
-            )
-            .unwrap()
-        };
+        let key = |body: &str| body_only(body.as_bytes()).unwrap();
         assert!(!memo.admits(&key("{\"n\":1}")), "seen once: noted only");
         assert!(
             !memo.admits(&key("{\"n\":2}")),

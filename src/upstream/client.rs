@@ -845,16 +845,11 @@ mod tests {
         assert!(!text.contains("AIza-SECRET"), "{text}");
 
         // The direct transport: a connect error, retried, naming no URL.
-        let url = format!("http://127.0.0.1:{port}/v1/models?key=AIza-SECRET");
         let err = super::super::transport::Transport::direct(Duration::from_secs(5))
             .unwrap()
-            .send(
-                Method::GET,
-                reqwest::Url::parse(&url).unwrap(),
-                std::iter::empty(),
-                None,
-                None,
-            )
+            .get(&format!(
+                "http://127.0.0.1:{port}/v1/models?key=AIza-SECRET"
+            ))
             .await
             .unwrap_err();
         assert!(err.is_connect(), "{err:?}");

@@ -147,6 +147,16 @@ impl Transport {
     }
 }
 
+#[cfg(test)]
+impl Transport {
+    /// A bare `GET` of `url`, as the tests send one.
+    pub(crate) async fn get(&self, url: &str) -> Result<reqwest::Response, SendError> {
+        let url = reqwest::Url::parse(url).expect("a test's URL parses");
+        self.send(Method::GET, url, std::iter::empty(), None, None)
+            .await
+    }
+}
+
 fn extend(map: &mut HeaderMap, headers: impl Iterator<Item = (HeaderName, HeaderValue)>) {
     for (name, value) in headers {
         map.append(name, value);
@@ -224,15 +234,10 @@ mod tests {
         });
         let transport = Transport::direct(Duration::from_secs(5)).unwrap();
         {
-            let url = format!("http://127.0.0.1:{port}/v1/models?key=AIza-SECRET");
             let response = transport
-                .send(
-                    Method::GET,
-                    reqwest::Url::parse(&url).unwrap(),
-                    std::iter::empty(),
-                    None,
-                    None,
-                )
+                .get(&format!(
+                    "http://127.0.0.1:{port}/v1/models?key=AIza-SECRET"
+                ))
                 .await
                 .unwrap();
             assert_eq!(response.status(), 200);
