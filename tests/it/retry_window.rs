@@ -257,6 +257,12 @@ async fn a_streamed_retry_replays_the_same_events() {
         "{:?}",
         first.body
     );
+    // The client reads `[DONE]` as the log's last event; the flight ends a
+    // moment later, once it has kept the answer for retries. A retry in that
+    // moment joins the flight instead (COALESCED: the same events, one call;
+    // `a_streamed_retry_of_a_running_stream_joins_it`), so this one is sent
+    // once it has ended, as a client's retry after a failure would be.
+    gateway.wait_idle().await;
     let retry = gateway
         .post_with(CHAT, &streamed("stream then retry"), &[RETRY])
         .await;
