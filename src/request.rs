@@ -383,7 +383,8 @@ impl DedupRequest {
                 query.map(str::to_owned),
             )
         };
-        // Idempotency keys are the caller's own, whatever the cache shares.
+        // The cache's scope: the caller's own tenant, or the one every
+        // tenant shares. Idempotency keys stay the caller's own (`own_scope`).
         let scope = match cache.scope {
             CacheScope::Tenant => own_scope.clone(),
             CacheScope::Global => TenantScope::global(),

@@ -40,55 +40,31 @@ pub struct PlainVisitor<'a> {
     result: fmt::Result,
 }
 
-impl PlainVisitor<'_> {
-    /// Whether `name` is written as `name=value` with no style: anything
-    /// `DefaultVisitor` writes otherwise goes to it (a `log.` field is
-    /// metadata it never writes, and neither does this).
-    fn is_plain(&self, name: &str) -> bool {
-        !self.writer.has_ansi_escapes() && name != "message" && !name.starts_with("r#")
-    }
-
-    /// `DefaultVisitor`'s own writing of one field, after the fields before it.
-    fn as_default(&mut self, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
-        let mut default = DefaultVisitor::new(self.writer.by_ref(), self.is_empty);
-        record(&mut default);
-        let result = default.finish();
-        // It wrote the field (`log.` fields never reach it), so the next
-        // one needs its space.
-        self.is_empty = false;
-        self.result = self.result.and(result);
-    }
+/// How one field is written.
+enum Writing {
+    /// A `log.` field: metadata, which `DefaultVisitor` never writes either.
+    Nothing,
+    /// `name=value`, with no style.
+    Plain,
+    /// As `DefaultVisitor` writes it (ANSI styles, `message`, `r#` names).
+    Default,
 }
 
-impl Visit for PlainVisitor<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name().starts_with("log.") {
-            return;
-        }
-        if self.is_plain(field.name()) {
-            self.record_debug(field, &value);
+impl PlainVisitor<'_> {
+    fn writing(&self, name: &str) -> Writing {
+        if name.starts_with("log.") {
+            Writing::Nothing
+        } else if self.writer.has_ansi_escapes() || name == "message" || name.starts_with("r#") {
+            Writing::Default
         } else {
-            self.as_default(|default| default.record_str(field, value));
+            Writing::Plain
         }
     }
 
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if field.name().starts_with("log.") {
-            return;
-        }
-        self.as_default(|default| default.record_error(field, value));
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+    /// `name=value`, after a space when a field came before.
+    fn plain(&mut self, name: &str, value: &dyn fmt::Debug) {
         if self.result.is_err() {
             return;
-        }
-        let name = field.name();
-        if name.starts_with("log.") {
-            return;
-        }
-        if !self.is_plain(name) {
-            return self.as_default(|default| default.record_debug(field, value));
         }
         if !std::mem::take(&mut self.is_empty) {
             self.result = self.writer.write_char(' ');
@@ -98,6 +74,43 @@ impl Visit for PlainVisitor<'_> {
             .and_then(|()| self.writer.write_str(name))
             .and_then(|()| self.writer.write_char('='))
             .and_then(|()| write!(self.writer, "{value:?}"));
+    }
+
+    /// `DefaultVisitor`'s own writing of one field, after the fields before it.
+    fn as_default(&mut self, record: impl FnOnce(&mut DefaultVisitor<'_>)) {
+        let mut default = DefaultVisitor::new(self.writer.by_ref(), self.is_empty);
+        record(&mut default);
+        let result = default.finish();
+        // It wrote the field, so the next one needs its space.
+        self.is_empty = false;
+        self.result = self.result.and(result);
+    }
+}
+
+impl Visit for PlainVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match self.writing(field.name()) {
+            Writing::Nothing => {}
+            Writing::Plain => self.plain(field.name(), &value),
+            Writing::Default => self.as_default(|default| default.record_str(field, value)),
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        match self.writing(field.name()) {
+            Writing::Nothing => {}
+            Writing::Plain | Writing::Default => {
+                self.as_default(|default| default.record_error(field, value));
+            }
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match self.writing(field.name()) {
+            Writing::Nothing => {}
+            Writing::Plain => self.plain(field.name(), value),
+            Writing::Default => self.as_default(|default| default.record_debug(field, value)),
+        }
     }
 }
 

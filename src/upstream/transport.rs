@@ -170,17 +170,19 @@ fn extend(map: &mut HeaderMap, headers: impl Iterator<Item = (HeaderName, Header
 /// there itself (`http://no.url.provided.local`), parsed once. Left out,
 /// reqwest parses it anew for every response (about 3,400 instructions, 2%
 /// of a miss); the real URL stays out of it, as it would carry a query's key
-/// into anything that names the response's URL.
+/// into anything that names the response's URL. Made once, as the
+/// extensions reqwest reads it from, and cloned for each response.
 fn placeholder_url() -> http::Extensions {
-    static PLACEHOLDER: std::sync::LazyLock<reqwest::Url> = std::sync::LazyLock::new(|| {
-        reqwest::Url::parse("http://no.url.provided.local").expect("a valid URL")
+    static PLACEHOLDER: std::sync::LazyLock<http::Extensions> = std::sync::LazyLock::new(|| {
+        use reqwest::ResponseBuilderExt;
+        let url = reqwest::Url::parse("http://no.url.provided.local").expect("a valid URL");
+        let mut carrier = http::Response::builder()
+            .url(url)
+            .body(())
+            .expect("a response of defaults and one extension builds");
+        std::mem::take(carrier.extensions_mut())
     });
-    use reqwest::ResponseBuilderExt;
-    let mut carrier = http::Response::builder()
-        .url(PLACEHOLDER.clone())
-        .body(())
-        .expect("a response of defaults and one extension builds");
-    std::mem::take(carrier.extensions_mut())
+    PLACEHOLDER.clone()
 }
 
 /// rustls with the webpki roots and ring, as reqwest's `rustls-tls` has it.
