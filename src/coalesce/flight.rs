@@ -376,8 +376,6 @@ impl WaiterTicket {
         self.wait_for(deadline, false).await
     }
 
-    /// Waits for the outcome or, when `live` and the flight streams, its log:
-    /// a streaming caller relays the stream as it arrives instead of waiting for its end.
     /// The flight's span, when the flight is traced.
     pub fn flight_trace(&self) -> Option<&FlightTrace> {
         self.flight.trace.get()
@@ -388,6 +386,8 @@ impl WaiterTicket {
         self.flight.sends.get().copied()
     }
 
+    /// Waits for the outcome or, when `live` and the flight streams, its log:
+    /// a streaming caller relays the stream as it arrives instead of waiting for its end.
     pub async fn wait_for(&self, deadline: tokio::time::Instant, live: bool) -> Waited {
         let mut result = self.flight.result.clone();
         let mut stream = self.flight.stream.clone();

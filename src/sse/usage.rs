@@ -12,9 +12,13 @@
 //! exactly the stream they would have seen without corral.
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde::{
+    Deserialize, Deserializer,
+    de::{IgnoredAny, MapAccess, Visitor},
+};
+use serde_json::{Map, Value, value::RawValue};
 
-use super::{data_event, event_object};
+use super::{data_event, event_json, event_object};
 
 /// Whether a caller asked for the usage chunk itself (`stream_options.include_usage: true`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +75,73 @@ pub enum UsageFree {
 
 impl UsageFree {
     /// Decides, once per logged event, what a caller who did not ask for usage receives.
+    ///
+    /// Every event of a stream passes here, so the common cases skip the
+    /// event's tree: an event that cannot hold a top-level `usage` member is
+    /// the same bytes, and one that does is cut by its top-level members as
+    /// written ([`Members`]). Anything else (an escaped or repeated key, a
+    /// member written over several lines) takes the tree, with the same
+    /// outcome.
     pub fn of(event: &[u8]) -> Self {
+        // A `usage` key is written `"usage"` unless escaped (`\u0075...`).
+        let finder = |needle: &[u8]| memchr::memmem::find(event, needle).is_some();
+        if !finder(b"\"usage\"") && !finder(b"\\u") {
+            return Self::Same;
+        }
+        Self::by_members(event).unwrap_or_else(|| Self::by_tree(event))
+    }
+
+    /// [`Self::of`] from the event's top-level members as written; `None`
+    /// where only the tree can tell.
+    pub(super) fn by_members(event: &[u8]) -> Option<Self> {
+        let json = event_json(event)?;
+        if json.contains(&b'\n') || json.contains(&b'\r') {
+            return None;
+        }
+        let Members(members) = serde_json::from_slice(json).ok()?;
+        let mut keys: Vec<&str> = members.iter().map(|(key, _)| *key).collect();
+        keys.sort_unstable();
+        if keys.windows(2).any(|pair| pair[0] == pair[1]) {
+            // A repeated key: the tree keeps the last one.
+            return None;
+        }
+        let member = |name: &str| {
+            members
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.get())
+        };
+        let Some(usage) = member("usage") else {
+            return Some(Self::Same);
+        };
+        let no_choices = match member("choices") {
+            None => true,
+            Some(choices) => serde_json::from_str::<Vec<IgnoredAny>>(choices)
+                .is_ok_and(|choices| choices.is_empty()),
+        };
+        if usage != "null" && no_choices {
+            return Some(Self::Skip);
+        }
+        let mut rewritten = Vec::with_capacity(event.len());
+        rewritten.extend_from_slice(b"data: {");
+        let mut first = true;
+        for (key, value) in members.iter().filter(|(key, _)| *key != "usage") {
+            if !first {
+                rewritten.push(b',');
+            }
+            first = false;
+            // A key borrowed from the text has no escape, so it is written as it was.
+            rewritten.push(b'"');
+            rewritten.extend_from_slice(key.as_bytes());
+            rewritten.extend_from_slice(b"\":");
+            rewritten.extend_from_slice(value.get().as_bytes());
+        }
+        rewritten.extend_from_slice(b"}\n\n");
+        Some(Self::Rewritten(Bytes::from(rewritten)))
+    }
+
+    /// [`Self::of`] from the event's whole tree.
+    pub(super) fn by_tree(event: &[u8]) -> Self {
         let Some(mut chunk) = event_object(event) else {
             return Self::Same;
         };
@@ -90,6 +160,33 @@ impl UsageFree {
         // `"usage": null` on an ordinary chunk, or counts on a content chunk (some
         // OpenAI-compatible servers report usage there): the chunk stays, the member goes.
         Self::Rewritten(data_event(&Value::Object(chunk)))
+    }
+}
+
+/// An object's top-level members in the order written, each value as its
+/// text. A key written with an escape is not borrowed and fails the read,
+/// which sends the event to the tree.
+struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Members<'de>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    members.push((key, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
     }
 }
 

@@ -3,9 +3,9 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::event;
+use super::{event, json_of};
 use crate::{
-    sse::{CallerUsage, DONE_EVENT, without_usage},
+    sse::{CallerUsage, DONE_EVENT, UsageFree, without_usage},
     wire::chat::force_include_usage,
 };
 
@@ -90,4 +90,64 @@ fn without_usage_drops_the_usage_member_and_the_usage_only_chunk() {
 
     let done = Bytes::from_static(DONE_EVENT);
     assert_eq!(without_usage(&done), Some(done));
+}
+
+/// What a usage-free view reads as: the JSON a rewrite holds, compared as
+/// JSON (the members' reading keeps the provider's order, the tree sorts).
+fn view_json(view: &UsageFree) -> Option<Value> {
+    match view {
+        UsageFree::Same => Some(json!("same")),
+        UsageFree::Skip => None,
+        UsageFree::Rewritten(event) => json_of(event),
+    }
+}
+
+#[test]
+fn reading_the_members_as_written_decides_as_the_tree_does() {
+    let cases = [
+        // OpenAI's own: compact, its order, `"usage": null` on every chunk.
+        r#"data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}"#,
+        r#"data: {"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+        r#"data: {"id":"c1","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":3}}"#,
+        r#"data: {"usage":{"prompt_tokens":3},"id":"c1"}"#,
+        r#"data: {"choices":{},"usage":{"prompt_tokens":3}}"#,
+        r#"data: {"choices":[],"prompt_filter_results":[]}"#,
+        // White space between members, and a nested `usage` that is not the chunk's.
+        r#"data: { "id" : "c1", "choices" : [ {"usage": 1} ], "usage" : null }"#,
+        r#"data: {"choices":[{"delta":{"content":"\"usage\": null"}}]}"#,
+    ];
+    for case in cases {
+        let event = Bytes::from(format!("{case}\n\n"));
+        let by_members =
+            UsageFree::by_members(&event).unwrap_or_else(|| panic!("read by its members: {case}"));
+        let by_tree = UsageFree::by_tree(&event);
+        assert_eq!(view_json(&by_members), view_json(&by_tree), "{case}");
+        assert_eq!(
+            view_json(&UsageFree::of(&event)),
+            view_json(&by_tree),
+            "{case}"
+        );
+    }
+    // What only the tree can read goes to the tree, with the same outcome.
+    let for_the_tree = [
+        r#"data: {"us\u0061ge":null,"choices":[]}"#,
+        r#"data: {"usage":null,"usage":{"prompt_tokens":3},"choices":[]}"#,
+        "data: {\"usage\":null,\n\"choices\":[]}",
+        "data: [1]",
+    ];
+    for case in for_the_tree {
+        let event = Bytes::from(format!("{case}\n\n"));
+        assert_eq!(UsageFree::by_members(&event), None, "{case}");
+        assert_eq!(
+            view_json(&UsageFree::of(&event)),
+            view_json(&UsageFree::by_tree(&event)),
+            "{case}"
+        );
+    }
+    let escaped = Bytes::from_static(b"data: {\"us\\u0061ge\":null,\"choices\":[{}]}\n\n");
+    assert_eq!(
+        view_json(&UsageFree::of(&escaped)),
+        Some(json!({"choices": [{}]})),
+        "an escaped key is still the usage member"
+    );
 }
