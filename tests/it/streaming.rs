@@ -72,6 +72,10 @@ async fn five_hundred_identical_streams_share_one_upstream_stream() {
     assert_eq!(count_status(&replies, "MISS"), 1);
     assert_eq!(count_status(&replies, "COALESCED"), 499);
     let content = assembled_content(&replies[0]);
+    // A streamed caller has its answer at `[DONE]`, a moment before the
+    // flight stores it and ends; a repeat sent in that moment would join the
+    // flight (COALESCED). The repeat here is the cache's.
+    gateway.wait_idle().await;
     let plain = gateway.post(PATH, &chat("stream to five hundred")).await;
     assert_eq!(plain.cache(), "HIT", "the completed stream was cached");
     assert_eq!(
@@ -495,6 +499,10 @@ async fn a_thinking_stream_keeps_its_readers_alive_and_stores_no_comment() {
         without(&replies[1]),
         "the same events"
     );
+    // A streamed caller has its answer at `[DONE]`, a moment before the
+    // flight stores it and ends; a repeat sent in that moment would join the
+    // flight (COALESCED). The repeat here is the cache's.
+    gateway.wait_idle().await;
     let replayed = gateway.post(PATH, &body).await;
     assert_eq!(replayed.cache(), "HIT");
     assert!(!String::from_utf8_lossy(&replayed.body).contains("keep-alive"));
