@@ -14,7 +14,7 @@
 use bytes::Bytes;
 use serde::{
     Deserialize, Deserializer,
-    de::{IgnoredAny, MapAccess, Visitor},
+    de::{MapAccess, Visitor},
 };
 use serde_json::{Map, Value, value::RawValue};
 
@@ -99,10 +99,13 @@ impl UsageFree {
             return None;
         }
         let Members(members) = serde_json::from_slice(json).ok()?;
-        let mut keys: Vec<&str> = members.iter().map(|(key, _)| *key).collect();
-        keys.sort_unstable();
-        if keys.windows(2).any(|pair| pair[0] == pair[1]) {
-            // A repeated key: the tree keeps the last one.
+        // A repeated key: the tree keeps the last one. (A chunk has a handful
+        // of members: comparing each pair costs less than sorting a copy.)
+        let repeated = members
+            .iter()
+            .enumerate()
+            .any(|(at, (key, _))| members[..at].iter().any(|(earlier, _)| earlier == key));
+        if repeated {
             return None;
         }
         let member = |name: &str| {
@@ -114,11 +117,13 @@ impl UsageFree {
         let Some(usage) = member("usage") else {
             return Some(Self::Same);
         };
-        let no_choices = match member("choices") {
-            None => true,
-            Some(choices) => serde_json::from_str::<Vec<IgnoredAny>>(choices)
-                .is_ok_and(|choices| choices.is_empty()),
-        };
+        // The text is valid JSON (its reading checked it): an empty array is
+        // `[`, white space, `]`.
+        let no_choices = member("choices").is_none_or(|choices| {
+            choices
+                .strip_prefix('[')
+                .is_some_and(|rest| rest.trim_start().starts_with(']'))
+        });
         if usage != "null" && no_choices {
             return Some(Self::Skip);
         }

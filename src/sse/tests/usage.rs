@@ -111,6 +111,8 @@ fn reading_the_members_as_written_decides_as_the_tree_does() {
         r#"data: {"id":"c1","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":3}}"#,
         r#"data: {"usage":{"prompt_tokens":3},"id":"c1"}"#,
         r#"data: {"choices":{},"usage":{"prompt_tokens":3}}"#,
+        r#"data: {"choices":[ ],"usage":{"prompt_tokens":3}}"#,
+        r#"data: {"choices":[[]],"usage":{"prompt_tokens":3}}"#,
         r#"data: {"choices":[],"prompt_filter_results":[]}"#,
         // White space between members, and a nested `usage` that is not the chunk's.
         r#"data: { "id" : "c1", "choices" : [ {"usage": 1} ], "usage" : null }"#,
