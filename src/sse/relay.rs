@@ -213,10 +213,15 @@ where
         };
         // A completing frame's event (if any) is appended like any other, then the log is
         // finished.
-        let (event, counts, completes) = match format.read(sse.event.as_deref(), &data) {
-            Frame::Event { event, usage } => (Some(event), usage, false),
+        let (event, counts, usage_free, completes) = match format.read(sse.event.as_deref(), &data)
+        {
+            Frame::Event {
+                event,
+                usage,
+                usage_free,
+            } => (Some(event), usage, usage_free, false),
             Frame::Skip => continue,
-            Frame::Complete { event, usage } => (event, usage, true),
+            Frame::Complete { event, usage } => (event, usage, None, true),
             Frame::Failed(event) => {
                 return (
                     RelayOutcome::Broken(BrokenStream::UpstreamError),
@@ -230,7 +235,7 @@ where
         }
         spoke = true;
         if let Some(event) = event {
-            match writer.append(event) {
+            match writer.append_viewed(event, usage_free.map(|view| *view)) {
                 Ok(()) => {}
                 // The log failed itself with its own error event; nothing more to append.
                 Err(AppendError::Full { max_bytes }) => {

@@ -237,7 +237,11 @@ impl StreamFormat for ResponsesStream {
                 }
             }
             "error" | "response.failed" | "response.incomplete" => Frame::Failed(event),
-            _ => Frame::Event { event, usage: None },
+            _ => Frame::Event {
+                event,
+                usage: None,
+                usage_free: None,
+            },
         }
     }
 
