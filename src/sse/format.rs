@@ -81,15 +81,8 @@ pub trait StreamFormat: Send + Sync + fmt::Debug + 'static {
 /// What the relay does with one upstream event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    /// An ordinary event, in corral's framing, with the usage it reports (if any), and what a
-    /// caller who did not ask for usage receives of it when the reading already decided it
-    /// (`None`: [`StreamFormat::usage_free`] decides as the event is logged). Boxed: a frame is
-    /// also the error of a reading that failed, and stays small.
-    Event {
-        event: Bytes,
-        usage: Option<Usage>,
-        usage_free: Option<Box<UsageFree>>,
-    },
+    /// An ordinary event, in corral's framing, with the usage it reports (if any).
+    Event { event: Bytes, usage: Option<Usage> },
     /// The stream is complete: `event` (if any) is appended, then the log is finished (and the
     /// format's [`done_event`](StreamFormat::done_event) appended). Nothing after it is read.
     Complete {

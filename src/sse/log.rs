@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use super::format::Format;
 use super::packed::{PackedEvent, PackedEvents, Piece};
 use super::relay::BrokenStream;
-use super::usage::{CallerUsage, UsageFree};
+use super::usage::CallerUsage;
 
 /// How a stream ended; the terminal event is also the last event of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,18 +332,8 @@ impl StreamWriter {
     ///
     /// Past the log's bound the event is not appended and the log fails with an error event.
     pub fn append(&mut self, event: Bytes) -> Result<(), AppendError> {
-        self.append_viewed(event, None)
-    }
-
-    /// [`append`](Self::append), with the usage-free view when the event's reading already
-    /// decided it (`None`: the format decides it here).
-    pub fn append_viewed(
-        &mut self,
-        event: Bytes,
-        usage_free: Option<UsageFree>,
-    ) -> Result<(), AppendError> {
         let format = self.shared.format;
-        let usage_free = usage_free.unwrap_or_else(|| format.usage_free(&event));
+        let usage_free = format.usage_free(&event);
         let entry = PackedEvent::new(event, usage_free);
         let max_bytes = self.shared.max_bytes;
         let mut result = Ok(());

@@ -43,9 +43,7 @@ pub use relay::{
     BrokenStream, RelayOutcome, RelaySummary, Silence, relay, relay_response, relay_until,
 };
 pub use tap::{StreamTap, TapEnd};
-pub use usage::{
-    CallerUsage, UpstreamStreamRequest, UsageFree, Written, force_stream, without_usage,
-};
+pub use usage::{CallerUsage, UpstreamStreamRequest, UsageFree, force_stream, without_usage};
 
 /// The event that ends every complete stream.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";

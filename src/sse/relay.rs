@@ -213,15 +213,10 @@ where
         };
         // A completing frame's event (if any) is appended like any other, then the log is
         // finished.
-        let (event, counts, usage_free, completes) = match format.read(sse.event.as_deref(), &data)
-        {
-            Frame::Event {
-                event,
-                usage,
-                usage_free,
-            } => (Some(event), usage, usage_free, false),
+        let (event, counts, completes) = match format.read(sse.event.as_deref(), &data) {
+            Frame::Event { event, usage } => (Some(event), usage, false),
             Frame::Skip => continue,
-            Frame::Complete { event, usage } => (event, usage, None, true),
+            Frame::Complete { event, usage } => (event, usage, true),
             Frame::Failed(event) => {
                 return (
                     RelayOutcome::Broken(BrokenStream::UpstreamError),
@@ -235,7 +230,7 @@ where
         }
         spoke = true;
         if let Some(event) = event {
-            match writer.append_viewed(event, usage_free.map(|view| *view)) {
+            match writer.append(event) {
                 Ok(()) => {}
                 // The log failed itself with its own error event; nothing more to append.
                 Err(AppendError::Full { max_bytes }) => {

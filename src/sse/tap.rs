@@ -167,16 +167,12 @@ impl StreamTap {
     /// One event: its usage and text noted, and (for a caller whose events are
     /// rewritten) what that caller receives of it appended to `out`.
     fn read_event(&mut self, name: Option<&str>, data: &str, mut out: Option<&mut Vec<Bytes>>) {
-        let (event, usage, usage_free) = match self.format.read(name, data) {
-            Frame::Event {
-                event,
-                usage,
-                usage_free,
-            } => (Some(event), usage, usage_free),
+        let (event, usage) = match self.format.read(name, data) {
+            Frame::Event { event, usage } => (Some(event), usage),
             Frame::Skip => return,
             Frame::Complete { event, usage } => {
                 self.end = TapEnd::Completed;
-                (event, usage, None)
+                (event, usage)
             }
             Frame::Failed(event) => {
                 self.end = TapEnd::Broken;
@@ -213,10 +209,7 @@ impl StreamTap {
             if let Some(out) = out.as_deref_mut() {
                 let shown = match self.caller_usage {
                     CallerUsage::Asked => UsageFree::Same,
-                    CallerUsage::NotAsked => match usage_free {
-                        Some(view) => *view,
-                        None => self.format.usage_free(&event),
-                    },
+                    CallerUsage::NotAsked => self.format.usage_free(&event),
                 };
                 match shown {
                     UsageFree::Same => out.push(event),

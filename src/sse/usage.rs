@@ -79,7 +79,7 @@ impl UsageFree {
     /// Every event of a stream passes here, so the common cases skip the
     /// event's tree: an event that cannot hold a top-level `usage` member is
     /// the same bytes, and one that does is cut by its top-level members as
-    /// written ([`Written`]). Anything else (an escaped or repeated key, a
+    /// written ([`Members`]). Anything else (an escaped or repeated key, a
     /// member written over several lines) takes the tree, with the same
     /// outcome.
     pub fn of(event: &[u8]) -> Self {
@@ -94,7 +94,55 @@ impl UsageFree {
     /// [`Self::of`] from the event's top-level members as written; `None`
     /// where only the tree can tell.
     pub(super) fn by_members(event: &[u8]) -> Option<Self> {
-        Some(Written::read(event_json(event)?)?.usage_free())
+        let json = event_json(event)?;
+        if json.contains(&b'\n') || json.contains(&b'\r') {
+            return None;
+        }
+        let Members(members) = serde_json::from_slice(json).ok()?;
+        // A repeated key: the tree keeps the last one. (A chunk has a handful
+        // of members: comparing each pair costs less than sorting a copy.)
+        let repeated = members
+            .iter()
+            .enumerate()
+            .any(|(at, (key, _))| members[..at].iter().any(|(earlier, _)| earlier == key));
+        if repeated {
+            return None;
+        }
+        let member = |name: &str| {
+            members
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.get())
+        };
+        let Some(usage) = member("usage") else {
+            return Some(Self::Same);
+        };
+        // The text is valid JSON (its reading checked it): an empty array is
+        // `[`, white space, `]`.
+        let no_choices = member("choices").is_none_or(|choices| {
+            choices
+                .strip_prefix('[')
+                .is_some_and(|rest| rest.trim_start().starts_with(']'))
+        });
+        if usage != "null" && no_choices {
+            return Some(Self::Skip);
+        }
+        let mut rewritten = Vec::with_capacity(event.len());
+        rewritten.extend_from_slice(b"data: {");
+        let mut first = true;
+        for (key, value) in members.iter().filter(|(key, _)| *key != "usage") {
+            if !first {
+                rewritten.push(b',');
+            }
+            first = false;
+            // A key borrowed from the text has no escape, so it is written as it was.
+            rewritten.push(b'"');
+            rewritten.extend_from_slice(key.as_bytes());
+            rewritten.extend_from_slice(b"\":");
+            rewritten.extend_from_slice(value.get().as_bytes());
+        }
+        rewritten.extend_from_slice(b"}\n\n");
+        Some(Self::Rewritten(Bytes::from(rewritten)))
     }
 
     /// [`Self::of`] from the event's whole tree.
@@ -120,84 +168,16 @@ impl UsageFree {
     }
 }
 
-/// A JSON object on one line, read by its top-level members as written (each
-/// key, and its value's text) rather than built into a tree: what a stream's
-/// every event needs to be judged and cut.
-pub struct Written<'a>(Vec<(&'a str, &'a RawValue)>);
+/// An object's top-level members in the order written, each value as its
+/// text. A key written with an escape is not borrowed and fails the read,
+/// which sends the event to the tree.
+struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
 
-impl<'a> Written<'a> {
-    /// `None` for what only the tree can read: not one object, a key written
-    /// with an escape (it cannot be borrowed), a repeated key (the tree keeps
-    /// the last), a value over several lines.
-    pub fn read(json: &'a [u8]) -> Option<Self> {
-        if json.contains(&b'\n') || json.contains(&b'\r') {
-            return None;
-        }
-        let written: Self = serde_json::from_slice(json).ok()?;
-        // A chunk has a handful of members: comparing each pair costs less
-        // than sorting a copy.
-        let members = &written.0;
-        let repeated = members
-            .iter()
-            .enumerate()
-            .any(|(at, (key, _))| members[..at].iter().any(|(earlier, _)| earlier == key));
-        (!repeated).then_some(written)
-    }
-
-    /// The text of the member `name`, if the object has one.
-    pub fn member(&self, name: &str) -> Option<&'a str> {
-        self.0
-            .iter()
-            .find(|(key, _)| *key == name)
-            .map(|(_, value)| value.get())
-    }
-
-    /// What a caller who did not ask for usage receives of the event this
-    /// object is the data of ([`UsageFree::of`]).
-    pub fn usage_free(&self) -> UsageFree {
-        let Some(usage) = self.member("usage") else {
-            return UsageFree::Same;
-        };
-        // The text is valid JSON (its reading checked it): an empty array is
-        // `[`, white space, `]`.
-        let no_choices = self.member("choices").is_none_or(|choices| {
-            choices
-                .strip_prefix('[')
-                .is_some_and(|rest| rest.trim_start().starts_with(']'))
-        });
-        if usage != "null" && no_choices {
-            return UsageFree::Skip;
-        }
-        let mut rewritten = Vec::with_capacity(
-            self.0
-                .iter()
-                .map(|(key, value)| key.len() + value.get().len() + 4)
-                .sum::<usize>()
-                + 10,
-        );
-        rewritten.extend_from_slice(b"data: {");
-        let mut first = true;
-        for (key, value) in self.0.iter().filter(|(key, _)| *key != "usage") {
-            if !first {
-                rewritten.push(b',');
-            }
-            first = false;
-            // A key borrowed from the text has no escape, so it is written as it was.
-            rewritten.push(b'"');
-            rewritten.extend_from_slice(key.as_bytes());
-            rewritten.extend_from_slice(b"\":");
-            rewritten.extend_from_slice(value.get().as_bytes());
-        }
-        rewritten.extend_from_slice(b"}\n\n");
-        UsageFree::Rewritten(Bytes::from(rewritten))
-    }
-}
-
-impl<'de> Deserialize<'de> for Written<'de> {
+impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visit;
         impl<'de> Visitor<'de> for Visit {
-            type Value = Written<'de>;
+            type Value = Members<'de>;
 
             fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
                 formatter.write_str("a JSON object")
@@ -208,7 +188,7 @@ impl<'de> Deserialize<'de> for Written<'de> {
                 while let Some(key) = map.next_key::<&'de str>()? {
                     members.push((key, map.next_value::<&'de RawValue>()?));
                 }
-                Ok(Written(members))
+                Ok(Members(members))
             }
         }
         deserializer.deserialize_map(Visit)

@@ -146,17 +146,9 @@ impl StreamFormat for MessagesStream {
             // output count comes in `message_delta`, without the input).
             "message_start" => {
                 let usage = self.event_usage(&event);
-                Frame::Event {
-                    event,
-                    usage,
-                    usage_free: None,
-                }
+                Frame::Event { event, usage }
             }
-            _ => Frame::Event {
-                event,
-                usage: None,
-                usage_free: None,
-            },
+            _ => Frame::Event { event, usage: None },
         }
     }
 

@@ -424,7 +424,6 @@ impl StreamFormat for GeminiStream {
         Frame::Event {
             event: data_event(&Value::Object(chunk)),
             usage,
-            usage_free: None,
         }
     }
 

@@ -237,11 +237,7 @@ impl StreamFormat for ResponsesStream {
                 }
             }
             "error" | "response.failed" | "response.incomplete" => Frame::Failed(event),
-            _ => Frame::Event {
-                event,
-                usage: None,
-                usage_free: None,
-            },
+            _ => Frame::Event { event, usage: None },
         }
     }
 

@@ -2,11 +2,12 @@
 //! machinery asks it of every API ([`StreamFormat`]).
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::{Value, json, value::RawValue};
 
 use crate::{
     sse::{
-        DONE_EVENT, Frame, StreamFormat, UsageFree, Written, data_event, done_event, error_event,
+        DONE_EVENT, Frame, StreamFormat, UsageFree, data_event, done_event, error_event,
         event_json, read_object,
     },
     usage::Usage,
@@ -20,27 +21,33 @@ pub struct ChatStream;
 /// The chat stream format.
 pub static STREAM: ChatStream = ChatStream;
 
+/// The members of a chunk the relay decides on. The rest of the chunk is
+/// checked to be JSON but not built.
+#[derive(Deserialize)]
+struct Decisive<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
 /// An ordinary chunk written on one line, relayed as the provider wrote it:
 /// every event of every stream passes here, and building its tree only to
-/// write it back cost more than the rest of the relay. Its top-level members
-/// as written ([`Written`]) also decide, in the same reading, what a caller
-/// who did not ask for usage receives of it. `None` for what the tree must
-/// judge: not an object, an error, an escaped or repeated key, a chunk
-/// written over several lines (which one `data:` line cannot hold).
+/// write it back cost more than the rest of the relay. `None` for what the
+/// tree must judge (not an object, an error, a repeated `error` or `usage`,
+/// a chunk written over several lines, which one `data:` line cannot hold).
 fn read_as_written(data: &str) -> Option<Frame> {
     let json = data.trim();
-    if !json.starts_with('{') {
+    if !json.starts_with('{') || json.contains(['\n', '\r']) {
         return None;
     }
-    let chunk = Written::read(json.as_bytes())?;
-    if chunk.member("error").is_some_and(|error| error != "null") {
+    let decisive: Decisive = serde_json::from_str(json).ok()?;
+    if decisive.error.is_some() {
         return None;
     }
-    let usage = chunk
-        .member("usage")
-        .filter(|usage| *usage != "null")
+    let usage = decisive
+        .usage
         .and_then(|_| Usage::from_body(json.as_bytes()));
-    let usage_free = chunk.usage_free();
     let mut event = Vec::with_capacity(json.len() + 8);
     event.extend_from_slice(b"data: ");
     event.extend_from_slice(json.as_bytes());
@@ -48,7 +55,6 @@ fn read_as_written(data: &str) -> Option<Frame> {
     Some(Frame::Event {
         event: Bytes::from(event),
         usage,
-        usage_free: Some(Box::new(usage_free)),
     })
 }
 
@@ -85,7 +91,6 @@ impl StreamFormat for ChatStream {
         Frame::Event {
             event: data_event(&Value::Object(chunk)),
             usage,
-            usage_free: None,
         }
     }
 
@@ -115,7 +120,7 @@ mod tests {
 
     fn event_of(frame: Frame) -> (Bytes, Option<Usage>) {
         match frame {
-            Frame::Event { event, usage, .. } => (event, usage),
+            Frame::Event { event, usage } => (event, usage),
             other => panic!("an event, not {other:?}"),
         }
     }
@@ -140,30 +145,6 @@ mod tests {
             (3, 4),
             "{usage:?}"
         );
-    }
-
-    #[test]
-    fn the_reading_decides_the_usage_free_view_as_the_log_would() {
-        for data in [
-            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}"#,
-            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"a"}}],"usage":null,"obfuscation":"x"}"#,
-            r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
-            r#"{"id":"c1","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":3}}"#,
-            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"a"}}]}"#,
-        ] {
-            let Frame::Event {
-                event, usage_free, ..
-            } = STREAM.read(None, data)
-            else {
-                panic!("an event: {data}");
-            };
-            assert_eq!(usage_free, Some(Box::new(UsageFree::of(&event))), "{data}");
-        }
-        // What the tree reads leaves the view to the log.
-        let Frame::Event { usage_free, .. } = STREAM.read(None, "{\"choices\":\n[]}") else {
-            panic!("an event");
-        };
-        assert_eq!(usage_free, None);
     }
 
     #[test]
