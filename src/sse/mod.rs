@@ -64,6 +64,16 @@ pub fn data_event(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
+/// JSON text on one line, framed as [`data_event`] frames a value: an upstream event relayed
+/// as the provider wrote it, once its reader checked it.
+pub fn data_event_text(json: &str) -> Bytes {
+    let mut event = Vec::with_capacity(json.len() + 8);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(json.as_bytes());
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
+}
+
 /// Chat's error event that ends a broken stream, in the shape of the gateway's own
 /// error bodies. The message is for clients: detail belongs in logs.
 pub fn error_event(message: &str) -> Bytes {

@@ -7,8 +7,8 @@ use serde_json::{Value, json, value::RawValue};
 
 use crate::{
     sse::{
-        DONE_EVENT, Frame, StreamFormat, UsageFree, data_event, done_event, error_event,
-        event_json, read_object,
+        DONE_EVENT, Frame, StreamFormat, UsageFree, data_event, data_event_text, done_event,
+        error_event, event_json, read_object,
     },
     usage::Usage,
 };
@@ -48,12 +48,8 @@ fn read_as_written(data: &str) -> Option<Frame> {
     let usage = decisive
         .usage
         .and_then(|_| Usage::from_body(json.as_bytes()));
-    let mut event = Vec::with_capacity(json.len() + 8);
-    event.extend_from_slice(b"data: ");
-    event.extend_from_slice(json.as_bytes());
-    event.extend_from_slice(b"\n\n");
     Some(Frame::Event {
-        event: Bytes::from(event),
+        event: data_event_text(json),
         usage,
     })
 }
