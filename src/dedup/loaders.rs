@@ -12,6 +12,7 @@ use std::sync::{
 
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
+use futures::FutureExt as _;
 
 use super::{
     Dedup, RawRequest,
@@ -124,15 +125,21 @@ pub(super) fn stream_loader(
             };
             // Before any event is relayed, a call its pool could not answer
             // goes on to the fallbacks: what follows is the answering one's.
-            let called = match dedup
-                .upstream
-                .call_event_stream(&outbound, &bill.model, first_event)
-                .await
+            // Boxed: the attempts' future is kilobytes, and held inline it would
+            // be moved with the flight's whole future into its box.
+            let called = match Box::pin(dedup.upstream.call_event_stream(
+                &outbound,
+                &bill.model,
+                first_event,
+            ))
+            .await
             {
                 Ok((response, member)) => Ok((response, member, outbound, bill, None)),
                 Err(error) => match fallbacks.as_deref() {
+                    // Boxed: a rare path whose future, held inline, would make
+                    // every stream's flight several kilobytes larger to move.
                     Some(fallbacks) if pool_could_not_answer(&error) => {
-                        stream_fallback(
+                        Box::pin(stream_fallback(
                             &dedup,
                             fallbacks,
                             outbound.upstream,
@@ -140,7 +147,7 @@ pub(super) fn stream_loader(
                             wire,
                             first_event,
                             error,
-                        )
+                        ))
                         .await
                     }
                     _ => Err(error),
@@ -170,7 +177,7 @@ pub(super) fn stream_loader(
             let cancel_when_abandoned = dedup.coalesce.cancel_when_abandoned;
             let abandon = async {
                 if cancel_when_abandoned {
-                    abandoned(&log, &publisher).await;
+                    Box::pin(abandoned(&log, &publisher)).await;
                 } else {
                     std::future::pending::<()>().await;
                 }
@@ -198,13 +205,13 @@ pub(super) fn stream_loader(
                     return Err(GatewayError::StreamAbandoned);
                 }
             };
+            // Its usage, from every event (Anthropic reports input and output apart).
+            let usage = wire
+                .stream_format()
+                .stream_usage(&summary.events)
+                .or(summary.usage);
             // The stream was paid for whether or not it completed.
             if summary.completed() {
-                // Its usage, from every event (Anthropic reports input and output apart).
-                let usage = wire
-                    .stream_format()
-                    .stream_usage(&summary.events)
-                    .or(summary.usage);
                 dedup.billed_or_estimated(
                     &bill,
                     usage,
@@ -221,10 +228,6 @@ pub(super) fn stream_loader(
                     Estimated::Broken,
                 );
             }
-            let usage = wire
-                .stream_format()
-                .stream_usage(&summary.events)
-                .or(summary.usage);
             if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
@@ -239,9 +242,11 @@ pub(super) fn stream_loader(
                         reason: format!("the stream does not assemble: {err}"),
                     })?;
             let body = Bytes::from(assembled.to_string());
-            dedup
-                .pin_answer(owners.as_ref(), member.as_deref(), &body)
-                .await;
+            // Boxed, and only where there is a pin to record: held inline, the
+            // pin's write would make every stream's flight larger to move.
+            if owners.is_some() && member.is_some() {
+                Box::pin(dedup.pin_answer(owners.as_ref(), member.as_deref(), &body)).await;
+            }
             let facts = wire.answer_facts(&body);
             Ok(Loaded {
                 cacheable: facts.complete,
@@ -261,11 +266,11 @@ pub(super) fn stream_loader(
             })
         };
         // A flight's error reaches every follower (through Redis too) in its API's shape.
-        Box::pin(async move {
-            retry::at_most(max_attempts, load)
-                .await
-                .map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
-        })
+        // A combinator, not an `async` block: one of those would hold `load`
+        // twice over (as captured and as it runs), and it is kilobytes.
+        Box::pin(retry::at_most(max_attempts, load).map(move |loaded| {
+            loaded.map_err(|error: GatewayError| error.in_shape(wire.error_shape()))
+        }))
     })
 }
 

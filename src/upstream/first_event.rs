@@ -13,6 +13,7 @@ use futures::StreamExt as _;
 use serde_json::Value;
 use sse_stream::SseByteStream;
 
+use super::transport::placeholder_url;
 use crate::sse::{Format, Frame};
 
 /// What the first event of a 2xx stream said.
@@ -82,8 +83,9 @@ pub(super) async fn read_first_event(
 
 /// The length of the first whole SSE block in `bytes`, its blank line
 /// included (`\n\n`, `\r\n\r\n` or `\r\r`), if one has arrived.
+/// Only a line ending can start a blank line, so only those are looked at.
 fn block_end(bytes: &[u8]) -> Option<usize> {
-    (0..bytes.len()).find_map(|at| {
+    memchr::memchr2_iter(b'\n', b'\r', bytes).find_map(|at| {
         let rest = &bytes[at..];
         if rest.starts_with(b"\r\n\r\n") {
             Some(at + 4)
@@ -139,30 +141,21 @@ fn failing_status(data: &[u8]) -> StatusCode {
     StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-/// `response` with `read` put back in front of the rest of its body.
+/// `response` with `read` put back in front of the rest of its body. The
+/// head is moved, not copied, and names reqwest's placeholder URL as the
+/// direct transport's responses do (parsed once, not per stream).
 fn rebuilt(response: reqwest::Response, read: Vec<Bytes>) -> reqwest::Response {
     if read.is_empty() {
         return response;
     }
-    let mut head = http::Response::builder()
-        .status(response.status())
-        .version(response.version());
-    if let Some(headers) = head.headers_mut() {
-        *headers = response.headers().clone();
-    }
-    let body = futures::stream::iter(read.into_iter().map(Ok)).chain(response.bytes_stream());
-    match head.body(reqwest::Body::wrap_stream(body)) {
-        Ok(whole) => reqwest::Response::from(whole),
-        // Status, version and headers came from a response: cannot fail.
-        Err(_) => unreachable_response(),
-    }
-}
-
-/// A 502 standing for a response that could not be put back together.
-fn unreachable_response() -> reqwest::Response {
-    let mut response = http::Response::new(reqwest::Body::from(Vec::new()));
-    *response.status_mut() = StatusCode::BAD_GATEWAY;
-    reqwest::Response::from(response)
+    let (mut parts, rest) = http::Response::<reqwest::Body>::from(response).into_parts();
+    parts.extensions.extend(placeholder_url());
+    let body = futures::stream::iter(read.into_iter().map(Ok::<_, reqwest::Error>))
+        .chain(http_body_util::BodyDataStream::new(rest));
+    reqwest::Response::from(http::Response::from_parts(
+        parts,
+        reqwest::Body::wrap_stream(body),
+    ))
 }
 
 #[cfg(test)]

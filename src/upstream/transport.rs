@@ -172,7 +172,7 @@ fn extend(map: &mut HeaderMap, headers: impl Iterator<Item = (HeaderName, Header
 /// of a miss); the real URL stays out of it, as it would carry a query's key
 /// into anything that names the response's URL. Made once, as the
 /// extensions reqwest reads it from, and cloned for each response.
-fn placeholder_url() -> http::Extensions {
+pub(super) fn placeholder_url() -> http::Extensions {
     static PLACEHOLDER: std::sync::LazyLock<http::Extensions> = std::sync::LazyLock::new(|| {
         use reqwest::ResponseBuilderExt;
         let url = reqwest::Url::parse("http://no.url.provided.local").expect("a valid URL");
