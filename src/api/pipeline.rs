@@ -227,8 +227,11 @@ where
                                 .to_response_as(shape),
                                 Decided::default(),
                             ),
+                            // Boxed, as the router below: held inline, the
+                            // pass-through's future would make every deduplicated
+                            // request's kilobytes larger to move into its box.
                             None => (
-                                proxy::serve(&app, parts, body, &tenant).await,
+                                Box::pin(proxy::serve(&app, parts, body, &tenant)).await,
                                 Decided::default(),
                             ),
                         };
@@ -244,8 +247,7 @@ where
                     Err(error) => (error.to_response_as(shape), Decided::default()),
                 }
             } else {
-                let response = inner
-                    .oneshot(request.map(Body::new))
+                let response = Box::pin(inner.oneshot(request.map(Body::new)))
                     .await
                     .unwrap_or_else(|never| match never {});
                 (response, Decided::default())

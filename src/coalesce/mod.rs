@@ -612,8 +612,10 @@ async fn run_flight(
     }
     if let Some(cluster) = &context.cluster
         && policy.coalesce
+        // Boxed: Redis's election and fan-out are kilobytes of future that
+        // every flight would otherwise carry, and move, with Redis or without.
         && let Some(outcome) =
-            cluster::cluster_flight(context, cluster, key, policy, &loader, &publisher).await
+            Box::pin(cluster::cluster_flight(context, cluster, key, policy, &loader, &publisher)).await
     {
         return outcome;
     }

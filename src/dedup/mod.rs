@@ -172,7 +172,9 @@ impl Dedup {
             tenant: caller.tenant.clone(),
         };
         if let Some(derived) = seen.as_ref().and_then(|seen| self.memo.get(seen)) {
-            return remembered::serve(self, &derived, &caller, raw).await;
+            // Boxed: held inline, the memo's path would make every request's
+            // future (boxed whole by the pipeline) kilobytes larger.
+            return Box::pin(remembered::serve(self, &derived, &caller, raw)).await;
         }
         let span = raw.span(&caller);
         // Boxed: inline, its states (streams, embeddings, the retry window) would
@@ -312,7 +314,9 @@ impl Dedup {
         if let (true, Some(window), Some(key)) =
             (failed, &self.retry_window, &request.retry.idempotency_key)
         {
-            window.release(key, &request.fingerprint).await;
+            // Boxed: a rare step, whose future would otherwise make every
+            // buffered request's larger.
+            Box::pin(window.release(key, &request.fingerprint)).await;
         }
     }
 }

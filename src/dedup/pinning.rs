@@ -25,6 +25,13 @@ impl Dedup {
             return None;
         }
         let id = request.body.get("previous_response_id")?.as_str()?;
+        // Boxed: the pins' lookup (Redis's, when shared) would otherwise make
+        // every request's future larger, pinned or not.
+        Box::pin(self.pinned_member(request, id)).await
+    }
+
+    /// The member `id`'s response is pinned to, for the caller's own scope or its tenant's.
+    async fn pinned_member(&self, request: &DedupRequest, id: &str) -> Option<std::sync::Arc<str>> {
         let pool = self.upstream.name(request.upstream);
         for tenant in [&request.own_scope, &request.scope] {
             if let Some(member) = self.pins.member(tenant.as_str(), pool, id).await {
