@@ -167,6 +167,31 @@ mod tests {
         assert_eq!(block_end(b"data: 1\n\ndata: 2"), Some(9));
         assert_eq!(block_end(b"data: 1\r\n\r\n"), Some(11));
         assert_eq!(block_end(b"data: 1\n"), None);
+        // Line endings that open no blank line are passed over.
+        assert_eq!(block_end(b"data: 1\r\ndata: 2\n\n"), Some(18));
+        assert_eq!(block_end(b"a\rb\r\r"), Some(5));
+        assert_eq!(block_end(b"data: 1\r\n\r"), None);
+    }
+
+    /// The bytes read for the first event come back first, then the rest of
+    /// the body; the head is the provider's, and the URL reqwest's
+    /// placeholder, never the call's.
+    #[tokio::test]
+    async fn a_rebuilt_response_keeps_its_head_and_every_byte_in_order() {
+        let provider = http::Response::builder()
+            .status(201)
+            .header("x-request-id", "req-1")
+            .body(reqwest::Body::from("tail"))
+            .unwrap();
+        let read = vec![
+            Bytes::from_static(b"first-"),
+            Bytes::from_static(b"second-"),
+        ];
+        let response = rebuilt(reqwest::Response::from(provider), read);
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.headers()["x-request-id"], "req-1");
+        assert_eq!(response.url().as_str(), "http://no.url.provided.local/");
+        assert_eq!(response.bytes().await.unwrap(), "first-second-tail");
     }
 
     #[test]
