@@ -177,7 +177,7 @@ pub(super) fn stream_loader(
             let cancel_when_abandoned = dedup.coalesce.cancel_when_abandoned;
             let abandon = async {
                 if cancel_when_abandoned {
-                    Box::pin(abandoned(&log, &publisher)).await;
+                    abandoned(&log, &publisher).await;
                 } else {
                     std::future::pending::<()>().await;
                 }
@@ -205,20 +205,8 @@ pub(super) fn stream_loader(
                     return Err(GatewayError::StreamAbandoned);
                 }
             };
-            // Its usage, from every event (Anthropic reports input and output apart).
-            let usage = wire
-                .stream_format()
-                .stream_usage(&summary.events)
-                .or(summary.usage);
             // The stream was paid for whether or not it completed.
-            if summary.completed() {
-                dedup.billed_or_estimated(
-                    &bill,
-                    usage,
-                    || Usage::estimate(outbound.body.len(), events_text_bytes(&summary.events)),
-                    Estimated::Unreported,
-                );
-            } else {
+            if !summary.completed() {
                 bill_unfinished(
                     &dedup,
                     &bill,
@@ -227,14 +215,23 @@ pub(super) fn stream_loader(
                     &summary.events,
                     Estimated::Broken,
                 );
-            }
-            if !summary.completed() {
                 // Readers already received the error event; waiters get this error.
                 return Err(GatewayError::UpstreamInvalid {
                     upstream,
                     reason: format!("the stream broke: {:?}", summary.outcome),
                 });
             }
+            // Its usage, from every event (Anthropic reports input and output apart).
+            let usage = wire
+                .stream_format()
+                .stream_usage(&summary.events)
+                .or(summary.usage);
+            dedup.billed_or_estimated(
+                &bill,
+                usage,
+                || Usage::estimate(outbound.body.len(), events_text_bytes(&summary.events)),
+                Estimated::Unreported,
+            );
             let assembled =
                 wire.assemble(&summary.events)
                     .map_err(|err| GatewayError::UpstreamInvalid {
@@ -242,11 +239,9 @@ pub(super) fn stream_loader(
                         reason: format!("the stream does not assemble: {err}"),
                     })?;
             let body = Bytes::from(assembled.to_string());
-            // Boxed, and only where there is a pin to record: held inline, the
-            // pin's write would make every stream's flight larger to move.
-            if owners.is_some() && member.is_some() {
-                Box::pin(dedup.pin_answer(owners.as_ref(), member.as_deref(), &body)).await;
-            }
+            dedup
+                .pin_answer(owners.as_ref(), member.as_deref(), &body)
+                .await;
             let facts = wire.answer_facts(&body);
             Ok(Loaded {
                 cacheable: facts.complete,

@@ -78,9 +78,16 @@ impl Dedup {
         else {
             return;
         };
+        // Boxed, as `pin_of`'s lookup: the pins' write would otherwise make
+        // every flight's future larger, pinned or not.
+        Box::pin(self.record_pins(owners, member, &id)).await;
+    }
+
+    /// Pins `id` to `member` for each of `owners`' tenants.
+    async fn record_pins(&self, owners: &PinOwners, member: &str, id: &str) {
         let pool = self.upstream.name(owners.upstream);
         for tenant in &owners.tenants {
-            self.pins.record(tenant.as_str(), pool, &id, member).await;
+            self.pins.record(tenant.as_str(), pool, id, member).await;
         }
     }
 }
